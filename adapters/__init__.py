@@ -1,0 +1,1 @@
+"""Implementations of the ports: torch model runner, tokenizers, HTTP, CLI."""

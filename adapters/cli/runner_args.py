@@ -1,0 +1,47 @@
+"""Model and runner flags shared by the subcommands, with vLLM's names."""
+
+from __future__ import annotations
+
+import argparse
+
+from adapters.gpu.factory import RunnerSettings
+from domain.engine import EngineConfig
+
+
+def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="model directory or .gguf file (default: the embedded SmolLM2-135M)",
+    )
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    parser.add_argument(
+        "--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16")
+    )
+    parser.add_argument("--max-num-seqs", type=int, default=16)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512)
+    parser.add_argument(
+        "--kv-cache-memory",
+        type=int,
+        default=None,
+        help="bytes for the paged KV cache (default: 1 GiB on CPU, 80%% free on CUDA)",
+    )
+    parser.add_argument("--block-size", type=int, default=16)
+
+
+def runner_settings(args: argparse.Namespace) -> RunnerSettings:
+    return RunnerSettings(
+        device=args.device,
+        dtype=args.dtype,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        kv_cache_bytes=args.kv_cache_memory,
+        block_size=args.block_size,
+    )
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
+    )

@@ -1,0 +1,1 @@
+"""Torch model runner, sampler and executor; nothing heavy happens at import."""

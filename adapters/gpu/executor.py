@@ -1,0 +1,158 @@
+"""The torch model executor: runs planned lanes, samples, and commits ABI6 records into frames."""
+
+from __future__ import annotations
+
+import torch
+
+from adapters.gpu.forward_batch import ForwardBatch, SequenceChunk
+from adapters.gpu.kv_cache import PagedKVCache
+from adapters.gpu.model import DecoderModel
+from adapters.gpu.penalty_state import PenaltyState
+from adapters.gpu.sampler import Sampler, SamplingTensors
+from domain.records import HEADER_WORDS, CompletionRecord, Finish, Role
+from domain.step import ExecutorGeometry, SlotWork, StepPlan
+from ports.executor import FrameResult
+
+
+class TorchExecutor:
+    """Implements `ports.executor.ModelExecutor` over a torch decoder with a paged KV cache.
+
+    Step order: gather the lanes' chunks into one forward, project the sampled rows through the LM
+    head (FP32 logits, sliced to the real vocabulary), sample from a scratch copy, commit one record
+    per lane into the submission's frame. Frames alternate 0, 1, 0, ...
+    """
+
+    def __init__(
+        self,
+        model: DecoderModel,
+        kv_cache: PagedKVCache,
+        geometry: ExecutorGeometry,
+        device: torch.device,
+    ) -> None:
+        self._model = model
+        self._kv_cache = kv_cache
+        self._geometry = geometry
+        self._device = device
+        self._sampler = Sampler()
+        self._penalties = PenaltyState(geometry.capacity, geometry.vocab_size, device)
+        words = HEADER_WORDS + geometry.token_capacity
+        # Two frames so a reader can hold one while the next submission writes the other.
+        self._records = torch.zeros((2, geometry.capacity, words), dtype=torch.int64)  # host int64
+        self._frame_lanes: list[tuple[int, ...]] = [(), ()]
+        self._next_frame = 0
+
+    @property
+    def geometry(self) -> ExecutorGeometry:
+        return self._geometry
+
+    def submit(self, plan: StepPlan) -> int:
+        frame = self._next_frame
+        self._next_frame ^= 1
+        for work in plan.works:
+            if work.slot >= self._geometry.capacity:
+                raise ValueError(
+                    f"slot {work.slot} is outside the capacity {self._geometry.capacity}"
+                )
+            self._penalties.observe(work)
+        sampled = self._forward(plan)
+        self._commit(frame, plan, sampled)
+        return frame
+
+    def read(self, frame: int) -> FrameResult:
+        lanes = self._frame_lanes[frame]
+        rows = self._records[frame, list(lanes)].tolist() if lanes else []
+        self._frame_lanes[frame] = ()
+        return FrameResult(frame, tuple(CompletionRecord.decode(words) for words in rows))
+
+    @torch.inference_mode()
+    def _forward(self, plan: StepPlan) -> list[int]:
+        chunks = [SequenceChunk(w.token_ids, w.start_position, w.block_table) for w in plan.works]
+        batch = ForwardBatch.build(chunks, self._geometry.block_size, self._device)
+        hidden = self._model(batch, self._kv_cache)
+        sampling = [index for index, work in enumerate(plan.works) if work.sample]
+        if not sampling:
+            return []
+        rows = batch.last_rows[torch.tensor(sampling, dtype=torch.int64, device=self._device)]
+        logits = self._model.compute_logits(hidden[rows])[:, : self._geometry.vocab_size]
+        works = [plan.works[index] for index in sampling]
+        tokens = self._sampler.sample(logits, self._sampling_tensors(works))
+        return tokens.tolist()
+
+    def _sampling_tensors(self, works: list[SlotWork]) -> SamplingTensors:
+        device = self._device
+        params = [w.params for w in works]
+
+        def floats(values: list[float]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.float32, device=device)
+
+        def longs(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=device)
+
+        any_penalties = any(p.uses_penalties for p in params)
+        counts, prompt_mask = (
+            self._penalties.rows([w.slot for w in works]) if any_penalties else (None, None)
+        )
+        bias = [
+            (row, token_id, value)
+            for row, p in enumerate(params)
+            for token_id, value in p.logit_bias
+        ]
+        banned = [(row, token_id) for row, w in enumerate(works) for token_id in w.banned_token_ids]
+        return SamplingTensors(
+            temperature=floats([p.temperature for p in params]),
+            top_k=torch.tensor([max(p.top_k, 0) for p in params], dtype=torch.int32, device=device),
+            top_p=floats([p.top_p for p in params]),
+            min_p=floats([p.min_p for p in params]),
+            presence_penalty=floats([p.presence_penalty for p in params]),
+            frequency_penalty=floats([p.frequency_penalty for p in params]),
+            repetition_penalty=floats([p.repetition_penalty for p in params]),
+            output_counts=counts,
+            prompt_mask=prompt_mask,
+            bias_rows=longs([b[0] for b in bias]),
+            bias_token_ids=longs([b[1] for b in bias]),
+            bias_values=floats([b[2] for b in bias]),
+            banned_rows=longs([b[0] for b in banned]),
+            banned_token_ids=longs([b[1] for b in banned]),
+            seeds=longs([_signed64(w.seed) for w in works]),
+            counters=longs([w.end_position for w in works]),
+            all_greedy=all(p.is_greedy for p in params),
+            any_penalties=any_penalties,
+        )
+
+    def _commit(self, frame: int, plan: StepPlan, sampled: list[int]) -> None:
+        tokens = iter(sampled)
+        capacity = self._geometry.token_capacity
+        for work in plan.works:
+            if work.sample:
+                token_id = next(tokens)
+                finish = Finish.NONE
+                if token_id in work.stop_token_ids:
+                    finish = Finish.STOP_TOKEN
+                elif work.remaining <= 1:
+                    finish = Finish.LENGTH
+                record = CompletionRecord(
+                    slot=work.slot,
+                    epoch=work.epoch,
+                    role=Role.SAMPLE,
+                    tokens=(token_id,),
+                    first_position=work.end_position,
+                    finish=finish,
+                    generated_total=work.end_position - work.prompt_len + 1,
+                )
+            else:
+                record = CompletionRecord(
+                    slot=work.slot,
+                    epoch=work.epoch,
+                    role=Role.PROMPT,
+                    first_position=work.end_position,
+                )
+            self._records[frame, work.slot] = torch.tensor(
+                record.encode(capacity), dtype=torch.int64
+            )
+        self._frame_lanes[frame] = tuple(work.slot for work in plan.works)
+
+
+def _signed64(seed: int) -> int:
+    """Seeds are unsigned 64-bit in the domain; torch int64 holds the same bits signed."""
+    seed &= (1 << 64) - 1
+    return seed - (1 << 64) if seed >= 1 << 63 else seed

@@ -1,0 +1,94 @@
+"""Builds a torch executor for a model directory: device, dtype, KV pool sized from a budget."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from adapters.gpu.executor import TorchExecutor
+from adapters.gpu.kv_cache import PagedKVCache
+from adapters.gpu.model_config import ModelConfig
+from adapters.gpu.weights import load_model
+from domain.blocks import blocks_needed
+from domain.records import resolve_token_capacity
+from domain.step import ExecutorGeometry
+
+_CAPACITY_ALIGNMENT = 8
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerSettings:
+    """How to run a model; `None` fields take defaults chosen from the device and the model."""
+
+    device: str = "auto"
+    dtype: str = "auto"
+    max_num_seqs: int = 16
+    max_model_len: int | None = None
+    kv_cache_bytes: int | None = None
+    block_size: int = 16
+    token_capacity: int = 0
+
+    def __post_init__(self) -> None:
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
+        if self.dtype != "auto" and self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be auto or one of {sorted(_DTYPES)}, not {self.dtype!r}")
+        if self.max_num_seqs < 1 or self.block_size < 1:
+            raise ValueError("max_num_seqs and block_size must be positive")
+
+    def resolve_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def resolve_dtype(self, device: torch.device) -> torch.dtype:
+        if self.dtype == "auto":
+            # float32 keeps CPU results comparable to references; bf16 is the CUDA serving format.
+            return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return _DTYPES[self.dtype]
+
+
+def padded_capacity(max_num_seqs: int) -> int:
+    return -(-max_num_seqs // _CAPACITY_ALIGNMENT) * _CAPACITY_ALIGNMENT
+
+
+def _default_kv_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * 0.8)
+    return 1 << 30
+
+
+def build_executor(model_dir: Path, settings: RunnerSettings, vocab_size: int) -> TorchExecutor:
+    """Loads the weights and sizes the KV pool; `vocab_size` is the tokenizer's real vocabulary."""
+    device = settings.resolve_device()
+    dtype = settings.resolve_dtype(device)
+    config = ModelConfig.from_dir(model_dir)
+    model = load_model(model_dir, dtype=dtype, device=device)
+    max_model_len = settings.max_model_len or config.max_position_embeddings
+    if max_model_len > config.max_position_embeddings:
+        raise ValueError(
+            f"max_model_len {max_model_len} exceeds the model's "
+            f"{config.max_position_embeddings} positions"
+        )
+    budget = settings.kv_cache_bytes or _default_kv_bytes(device)
+    num_blocks = PagedKVCache.blocks_for_budget(config, budget, settings.block_size, dtype)
+    if num_blocks < blocks_needed(max_model_len, settings.block_size):
+        raise ValueError(
+            f"a KV budget of {budget} bytes holds {num_blocks * settings.block_size} "
+            f"positions, less than one sequence of {max_model_len}; "
+            f"lower --max-model-len or raise the KV budget"
+        )
+    kv_cache = PagedKVCache.allocate(config, num_blocks, settings.block_size, dtype, device)
+    geometry = ExecutorGeometry(
+        capacity=padded_capacity(settings.max_num_seqs),
+        block_size=settings.block_size,
+        num_blocks=num_blocks,
+        vocab_size=min(vocab_size, config.vocab_size),
+        max_model_len=max_model_len,
+        token_capacity=resolve_token_capacity(settings.token_capacity),
+    )
+    return TorchExecutor(model, kv_cache, geometry, device)

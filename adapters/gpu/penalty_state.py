@@ -1,0 +1,48 @@
+"""Per-slot token statistics the sampler's penalties need, kept on the device between steps."""
+
+from __future__ import annotations
+
+import torch
+
+from domain.step import SlotWork
+
+
+class PenaltyState:
+    """Counts of generated tokens and a mask of prompt tokens for each slot.
+
+    Allocated on first use, so servers whose requests never ask for penalties pay no memory.
+    A lane that restarts at position 0 (admission or readmission) clears its slot first.
+    """
+
+    def __init__(self, capacity: int, vocab_size: int, device: torch.device) -> None:
+        self._capacity = capacity
+        self._vocab_size = vocab_size
+        self._device = device
+        self.output_counts: torch.Tensor | None = None  # int32 [capacity, V]
+        self.prompt_mask: torch.Tensor | None = None  # bool [capacity, V]
+
+    def observe(self, work: SlotWork) -> None:
+        """Records the tokens a lane feeds this step, if its request uses penalties."""
+        if not work.params.uses_penalties:
+            return
+        if self.output_counts is None:
+            shape = (self._capacity, self._vocab_size)
+            self.output_counts = torch.zeros(shape, dtype=torch.int32, device=self._device)
+            self.prompt_mask = torch.zeros(shape, dtype=torch.bool, device=self._device)
+        if work.start_position == 0:
+            self.output_counts[work.slot].zero_()
+            self.prompt_mask[work.slot].zero_()
+        prompt_part = max(0, min(work.prompt_len - work.start_position, len(work.token_ids)))
+        if prompt_part:
+            ids = torch.tensor(work.token_ids[:prompt_part], dtype=torch.int64, device=self._device)
+            self.prompt_mask[work.slot, ids] = True
+        if prompt_part < len(work.token_ids):
+            ids = torch.tensor(work.token_ids[prompt_part:], dtype=torch.int64, device=self._device)
+            ones = torch.ones_like(ids, dtype=torch.int32)
+            self.output_counts[work.slot].index_add_(0, ids, ones)
+
+    def rows(self, slots: list[int]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if self.output_counts is None:
+            return None, None
+        index = torch.tensor(slots, dtype=torch.int64, device=self._device)
+        return self.output_counts[index], self.prompt_mask[index]

@@ -1,0 +1,1 @@
+"""Falcon application serving the OpenAI-compatible API."""

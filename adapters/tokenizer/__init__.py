@@ -1,0 +1,1 @@
+"""Tokenizers backed by Hugging Face `tokenizers` and a Jinja chat template."""

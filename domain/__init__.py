@@ -1,0 +1,1 @@
+"""Pure rules of Helios: requests, records, scheduling, emission and text (stdlib only)."""

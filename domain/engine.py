@@ -1,0 +1,243 @@
+"""The engine use case: admits requests, runs steps through the executor, emits choice deltas."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from domain.channel import OutputChannel
+from domain.choice import ChoiceText
+from domain.errors import OverloadedError
+from domain.outputs import RequestEnd, Usage
+from domain.records import Finish
+from domain.requests import GenerationRequest, fresh_seed
+from domain.scheduler import Scheduler, SchedulerConfig
+from domain.sequence import Sequence
+
+if TYPE_CHECKING:  # the domain drives ports but never needs them at run time
+    from ports.executor import ModelExecutor
+    from ports.tokenizer import Tokenizer
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Engine limits beyond the executor's geometry."""
+
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int = 512
+    max_waiting: int = 1024
+    channel_capacity: int = 64
+
+
+@dataclass(eq=False)
+class _Request:
+    request: GenerationRequest
+    channel: OutputChannel
+    choices: list[ChoiceText]
+    sequences: list[Sequence]
+
+    @property
+    def done(self) -> bool:
+        return all(choice.finished for choice in self.choices)
+
+    def usage(self) -> Usage:
+        return Usage(len(self.request.prompt_token_ids), sum(c.num_tokens for c in self.choices))
+
+
+class Engine:
+    """Drives one executor; `submit` and `abort` may come from any thread, `step` from one."""
+
+    def __init__(
+        self, executor: ModelExecutor, tokenizer: Tokenizer, config: EngineConfig | None = None
+    ) -> None:
+        self._config = config or EngineConfig()
+        geometry = executor.geometry
+        self._executor = executor
+        self._tokenizer = tokenizer
+        self.max_model_len = geometry.max_model_len
+        self.vocab_size = geometry.vocab_size
+        self._scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_seqs=min(self._config.max_num_seqs or geometry.capacity, geometry.capacity),
+                max_num_batched_tokens=self._config.max_num_batched_tokens,
+                block_size=geometry.block_size,
+                num_blocks=geometry.num_blocks,
+                max_model_len=geometry.max_model_len,
+            )
+        )
+        self._requests: dict[str, _Request] = {}
+        self._inbox: deque[tuple[str, object]] = deque()
+        self._wake = threading.Condition()
+        self._arrivals = itertools.count()
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self._scheduler
+
+    def submit(
+        self, request: GenerationRequest, channel: OutputChannel | None = None
+    ) -> OutputChannel:
+        """Validates and queues a request; raises InvalidRequestError before admission."""
+        request.check_limits(self.vocab_size, self.max_model_len)
+        channel = channel or OutputChannel(self._config.channel_capacity)
+        with self._wake:
+            if len(self._inbox) + self._scheduler.num_waiting >= self._config.max_waiting:
+                raise OverloadedError("the server is at its admission limit; retry later")
+            self._inbox.append(("submit", (request, channel)))
+            self._wake.notify()
+        return channel
+
+    def abort(self, request_id: str) -> None:
+        with self._wake:
+            self._inbox.append(("abort", request_id))
+            self._wake.notify()
+
+    def has_work(self) -> bool:
+        with self._wake:
+            return bool(self._inbox) or self._scheduler.has_work()
+
+    def wait_for_work(self, timeout: float) -> None:
+        with self._wake:
+            if not self._inbox and not self._scheduler.has_work():
+                self._wake.wait(timeout)
+
+    def step(self) -> None:
+        """Admits queued requests and runs one step of the model, if any lane can run."""
+        self._drain_inbox()
+        plan = self._scheduler.schedule()
+        if plan is None:
+            return
+        try:
+            result = self._executor.read(self._executor.submit(plan))
+        except Exception as error:  # noqa: BLE001 - the step's requests fail, the engine goes on
+            _log.exception("step failed")
+            failed = {self._owner(work.slot) for work in plan.works}
+            for entry in failed - {None}:
+                self._fail(entry, f"the model step failed: {error}")
+            return
+        for sequence, record in self._scheduler.commit(result.records):
+            entry = self._requests.get(sequence.request_id)
+            if entry is None or not record.emits:
+                continue
+            self._emit(entry, sequence, record.tokens, record.finish)
+
+    def _owner(self, slot: int) -> _Request | None:
+        for entry in self._requests.values():
+            if any(sequence.slot == slot for sequence in entry.sequences):
+                return entry
+        return None
+
+    def _emit(
+        self, entry: _Request, sequence: Sequence, tokens: tuple[int, ...], finish: Finish
+    ) -> None:
+        choice = entry.choices[sequence.index]
+        try:
+            delta = choice.advance(tokens, finish)
+        except Exception as error:  # noqa: BLE001 - one broken request must not stop the engine
+            _log.exception("emission failed")
+            self._fail(entry, f"output processing failed: {error}")
+            return
+        if len(delta.token_ids) < len(tokens):
+            del sequence.outputs[len(sequence.outputs) - len(tokens) + len(delta.token_ids) :]
+        if delta.finished:
+            self._scheduler.finish(sequence)
+        if delta.text or delta.token_ids or delta.finished:
+            entry.channel.put(delta)
+        if entry.done:
+            self._close(entry)
+
+    def _drain_inbox(self) -> None:
+        with self._wake:
+            messages = list(self._inbox)
+            self._inbox.clear()
+        for kind, payload in messages:
+            if kind == "submit":
+                self._admit(*payload)
+            else:
+                self._abort(payload)
+
+    def _admit(self, request: GenerationRequest, channel: OutputChannel) -> None:
+        if request.request_id in self._requests:
+            channel.put(
+                RequestEnd(
+                    Usage(len(request.prompt_token_ids), 0),
+                    error=f"request ID {request.request_id} is already running",
+                )
+            )
+            return
+        fallback = fresh_seed()
+        prompt_len = len(request.prompt_token_ids)
+        params = request.params
+        limit = self.max_model_len - prompt_len
+        max_tokens = limit if params.max_tokens is None else min(params.max_tokens, limit)
+        stops = frozenset(params.stop_token_ids)
+        if not params.ignore_eos:
+            stops |= self._tokenizer.eos_token_ids
+        banned = tuple(sorted(stops | self._tokenizer.eos_token_ids))
+        sequences = [
+            Sequence(
+                request_id=request.request_id,
+                index=index,
+                prompt=request.prompt_token_ids,
+                params=params,
+                seed=request.choice_seed(index, fallback),
+                max_tokens=max_tokens,
+                stop_token_ids=stops,
+                banned_until_min_tokens=banned,
+                arrival=next(self._arrivals),
+            )
+            for index in range(request.n)
+        ]
+        choices = [ChoiceText(index, params, self._tokenizer) for index in range(request.n)]
+        self._requests[request.request_id] = _Request(request, channel, choices, sequences)
+        for sequence in sequences:
+            self._scheduler.add(sequence)
+
+    def _abort(self, request_id: str) -> None:
+        entry = self._requests.get(request_id)
+        if entry is None:
+            return
+        for sequence, choice in zip(entry.sequences, entry.choices, strict=True):
+            if not choice.finished:
+                self._scheduler.finish(sequence)
+                entry.channel.put(choice.abort("abort"))
+        self._close(entry)
+
+    def _fail(self, entry: _Request, message: str) -> None:
+        for sequence, choice in zip(entry.sequences, entry.choices, strict=True):
+            if not choice.finished:
+                self._scheduler.finish(sequence)
+                choice.abort("error")
+        self._close(entry, error=message)
+
+    def _close(self, entry: _Request, *, error: str | None = None) -> None:
+        self._requests.pop(entry.request.request_id, None)
+        entry.channel.put(RequestEnd(entry.usage(), error=error))
+
+
+class EngineLoop:
+    """Runs `Engine.step` on a daemon thread until stopped."""
+
+    def __init__(self, engine: Engine, idle_wait: float = 0.05) -> None:
+        self._engine = engine
+        self._idle_wait = idle_wait
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="helios-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stopping.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            self._engine.wait_for_work(self._idle_wait)
+            self._engine.step()

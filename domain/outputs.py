@@ -1,0 +1,50 @@
+"""What a request's consumer receives: per-choice deltas, then the end with usage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceDelta:
+    """New text and tokens of one choice; `finish_reason` is set on its last delta only."""
+
+    index: int
+    text: str = ""
+    token_ids: tuple[int, ...] = ()
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+    def merge(self, later: ChoiceDelta) -> ChoiceDelta:
+        """One delta with the content of both, as if the consumer had read them together."""
+        if later.index != self.index:
+            raise ValueError("only deltas of the same choice merge")
+        return ChoiceDelta(
+            self.index,
+            self.text + later.text,
+            self.token_ids + later.token_ids,
+            later.finish_reason,
+            later.stop_reason,
+        )
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class RequestEnd:
+    """The last item of a request's channel; `error` is set when the request failed."""
+
+    usage: Usage
+    error: str | None = None

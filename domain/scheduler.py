@@ -1,0 +1,189 @@
+"""Continuous batching: admission, chunked prefill under a token budget, preemption by recompute."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from domain.blocks import BlockAllocator, blocks_needed
+from domain.records import CompletionRecord
+from domain.sequence import Sequence, SequenceState
+from domain.slots import SlotTable
+from domain.step import SlotWork, StepPlan
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Limits of one engine: slots, token budget per step, KV blocks and model length."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+    num_blocks: int
+    max_model_len: int
+
+    def __post_init__(self) -> None:
+        if (
+            min(
+                self.max_num_seqs,
+                self.max_num_batched_tokens,
+                self.block_size,
+                self.num_blocks,
+                self.max_model_len,
+            )
+            < 1
+        ):
+            raise ValueError("scheduler limits must be positive")
+        if blocks_needed(self.max_model_len, self.block_size) > self.num_blocks:
+            raise ValueError(
+                f"{self.num_blocks} KV blocks of {self.block_size} cannot hold one sequence of "
+                f"max_model_len {self.max_model_len}; lower --max-model-len or raise the KV budget"
+            )
+
+
+class Scheduler:
+    """Plans each step: running sequences first (in admission order), then admissions.
+
+    When the KV pool runs dry the most recently admitted running sequence is preempted: it loses
+    its slot and blocks and waits at the queue front to re-prefill its prompt and outputs.
+    """
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self._config = config
+        self._slots = SlotTable(config.max_num_seqs)
+        self._blocks = BlockAllocator(config.num_blocks)
+        self._waiting: deque[Sequence] = deque()
+        self._running: list[Sequence] = []
+        self._by_slot: dict[int, Sequence] = {}
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._blocks.num_free
+
+    @property
+    def num_free_slots(self) -> int:
+        return self._slots.num_free
+
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    def add(self, sequence: Sequence) -> None:
+        sequence.state = SequenceState.WAITING
+        self._waiting.append(sequence)
+
+    def schedule(self) -> StepPlan | None:
+        """Builds the next step, or None when nothing can run."""
+        budget = self._config.max_num_batched_tokens
+        works: list[SlotWork] = []
+        index = 0
+        while index < len(self._running) and budget > 0:
+            sequence = self._running[index]
+            chunk = min(sequence.num_tokens - sequence.num_computed, budget)
+            if not self._reserve(sequence, chunk):
+                break
+            works.append(self._work(sequence, chunk))
+            budget -= chunk
+            index += 1
+        while self._waiting and budget > 0 and self._slots.num_free:
+            sequence = self._waiting[0]
+            chunk = min(sequence.num_tokens, budget)
+            if blocks_needed(chunk, self._config.block_size) > self._blocks.num_free:
+                break
+            self._waiting.popleft()
+            self._admit(sequence)
+            self._reserve(sequence, chunk)
+            works.append(self._work(sequence, chunk))
+            budget -= chunk
+        return StepPlan(tuple(works)) if works else None
+
+    def commit(
+        self, records: tuple[CompletionRecord, ...]
+    ) -> list[tuple[Sequence, CompletionRecord]]:
+        """Advances sequences from their records; stale or unknown lanes are ignored."""
+        advanced = []
+        for record in records:
+            sequence = self._by_slot.get(record.slot)
+            if sequence is None or sequence.epoch != record.epoch or not sequence.in_flight:
+                continue
+            sequence.num_computed += sequence.in_flight
+            sequence.in_flight = 0
+            sequence.outputs.extend(record.tokens)
+            advanced.append((sequence, record))
+        return advanced
+
+    def finish(self, sequence: Sequence) -> None:
+        """Ends a sequence wherever it is and frees its slot and blocks at once."""
+        if sequence.state is SequenceState.RUNNING:
+            self._running.remove(sequence)
+            self._release(sequence)
+        elif sequence.state is SequenceState.WAITING:
+            self._waiting.remove(sequence)
+        sequence.state = SequenceState.FINISHED
+
+    def _admit(self, sequence: Sequence) -> None:
+        sequence.slot, sequence.epoch = self._slots.acquire()
+        sequence.state = SequenceState.RUNNING
+        sequence.num_computed = 0
+        self._by_slot[sequence.slot] = sequence
+        self._running.append(sequence)
+
+    def _reserve(self, sequence: Sequence, chunk: int) -> bool:
+        """Allocates blocks for the chunk, preempting the newest sequences if needed."""
+        needed = blocks_needed(sequence.num_computed + chunk, self._config.block_size)
+        missing = needed - len(sequence.blocks)
+        while missing > self._blocks.num_free:
+            victim = self._running[-1]
+            self._preempt(victim)
+            if victim is sequence:
+                return False
+        if missing > 0:
+            sequence.blocks.extend(self._blocks.allocate(missing))
+        return True
+
+    def _preempt(self, sequence: Sequence) -> None:
+        self._running.remove(sequence)
+        self._release(sequence)
+        sequence.state = SequenceState.WAITING
+        sequence.num_computed = 0
+        sequence.num_preemptions += 1
+        self._waiting.appendleft(sequence)
+
+    def _release(self, sequence: Sequence) -> None:
+        self._blocks.free(sequence.blocks)
+        sequence.blocks = []
+        if sequence.slot is not None:
+            del self._by_slot[sequence.slot]
+            self._slots.release(sequence.slot)
+            sequence.slot = None
+        sequence.in_flight = 0
+
+    def _work(self, sequence: Sequence, chunk: int) -> SlotWork:
+        start = sequence.num_computed
+        end = start + chunk
+        sample = end == sequence.num_tokens
+        sequence.in_flight = chunk
+        banned = sequence.banned_until_min_tokens
+        if len(sequence.outputs) >= sequence.params.min_tokens:
+            banned = ()
+        return SlotWork(
+            slot=sequence.slot,
+            epoch=sequence.epoch,
+            token_ids=sequence.tokens_between(start, end),
+            start_position=start,
+            block_table=tuple(sequence.blocks),
+            prompt_len=len(sequence.prompt),
+            sample=sample,
+            params=sequence.params,
+            seed=sequence.seed,
+            stop_token_ids=sequence.stop_token_ids,
+            banned_token_ids=banned,
+            remaining=max(sequence.remaining, 1),
+        )

@@ -1,0 +1,64 @@
+"""One generated choice of a request as the scheduler sees it: tokens, slot, blocks, progress."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from domain.sampling import SamplingParams
+
+
+class SequenceState(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """Mutable progress of one choice; only the scheduler and the engine change it.
+
+    `num_computed` counts tokens whose KV is in the cache; `outputs` are emitted tokens.
+    A preempted sequence drops its blocks and slot and later re-prefills prompt plus outputs.
+    """
+
+    request_id: str
+    index: int
+    prompt: tuple[int, ...]
+    params: SamplingParams
+    seed: int
+    max_tokens: int
+    stop_token_ids: frozenset[int]
+    banned_until_min_tokens: tuple[int, ...]
+    arrival: int
+    outputs: list[int] = field(default_factory=list)
+    state: SequenceState = SequenceState.WAITING
+    slot: int | None = None
+    epoch: int = 0
+    blocks: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    in_flight: int = 0
+    num_preemptions: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.outputs)
+
+    def token_at(self, position: int) -> int:
+        prompt_len = len(self.prompt)
+        return (
+            self.prompt[position] if position < prompt_len else self.outputs[position - prompt_len]
+        )
+
+    def tokens_between(self, start: int, end: int) -> tuple[int, ...]:
+        prompt_len = len(self.prompt)
+        if end <= prompt_len:
+            return self.prompt[start:end]
+        if start >= prompt_len:
+            return tuple(self.outputs[start - prompt_len : end - prompt_len])
+        return self.prompt[start:] + tuple(self.outputs[: end - prompt_len])
+
+    @property
+    def remaining(self) -> int:
+        """Tokens this choice may still emit."""
+        return self.max_tokens - len(self.outputs)

@@ -1,0 +1,84 @@
+"""What one step asks of the model executor: per-slot work and the executor's fixed geometry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from domain.sampling import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorGeometry:
+    """Fixed sizes of a loaded executor; the scheduler plans within them."""
+
+    capacity: int
+    block_size: int
+    num_blocks: int
+    vocab_size: int
+    max_model_len: int
+    token_capacity: int
+
+    def __post_init__(self) -> None:
+        for name in (
+            "capacity",
+            "block_size",
+            "num_blocks",
+            "vocab_size",
+            "max_model_len",
+            "token_capacity",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class SlotWork:
+    """One lane of a step: feed a chunk of a sequence, and maybe sample the next token.
+
+    `token_ids` occupy positions `start_position ..`; the cache already holds the positions before.
+    Positions below `prompt_len` are prompt tokens (repetition penalty), the rest generated ones.
+    When `sample` is set the commit emits one token, ends the request with STOP_TOKEN when it is in
+    `stop_token_ids`, or with LENGTH when `remaining` reaches zero; `banned_token_ids` cannot be
+    sampled (min_tokens).
+    """
+
+    slot: int
+    epoch: int
+    token_ids: tuple[int, ...]
+    start_position: int
+    block_table: tuple[int, ...]
+    prompt_len: int
+    sample: bool
+    params: SamplingParams
+    seed: int
+    stop_token_ids: frozenset[int] = frozenset()
+    banned_token_ids: tuple[int, ...] = ()
+    remaining: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            raise ValueError("a lane must feed at least one token")
+        if self.start_position < 0:
+            raise ValueError("start_position must be non-negative")
+        if self.sample and self.remaining < 1:
+            raise ValueError("a sampling lane needs a remaining budget of at least one token")
+
+    @property
+    def end_position(self) -> int:
+        return self.start_position + len(self.token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """All lanes of one submission; each slot appears at most once."""
+
+    works: tuple[SlotWork, ...]
+
+    def __post_init__(self) -> None:
+        slots = [work.slot for work in self.works]
+        if len(set(slots)) != len(slots):
+            raise ValueError("a slot appears twice in one step")
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(work.token_ids) for work in self.works)

@@ -1,0 +1,1 @@
+"""Protocols the domain drives; they speak domain values only."""

@@ -1,0 +1,36 @@
+"""The model executor port: runs planned steps and returns their completion records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from domain.records import CompletionRecord
+from domain.step import ExecutorGeometry, StepPlan
+
+
+@dataclass(frozen=True, slots=True)
+class FrameResult:
+    """The records of one completed submission, one per lane of its plan, in plan order."""
+
+    frame: int
+    records: tuple[CompletionRecord, ...]
+
+
+class ModelExecutor(Protocol):
+    """Runs the model over planned lanes and commits ABI6 records into alternating frames.
+
+    Invariants an implementation keeps:
+    - `submit` writes one record per lane into frame `f` (0 and 1 alternate per submission); a
+      sampling lane's record has role SAMPLE, emits one token and carries the commit's finish;
+      a lane that only feeds prompt tokens has role PROMPT and emits nothing.
+    - `read(f)` returns that frame's records; the frame is free for reuse after it returns.
+    - A seeded lane samples the same token whatever else is in the batch.
+    """
+
+    @property
+    def geometry(self) -> ExecutorGeometry: ...
+
+    def submit(self, plan: StepPlan) -> int: ...
+
+    def read(self, frame: int) -> FrameResult: ...

@@ -1,0 +1,45 @@
+"""Suite-wide pytest set-up: the gpu auto-skip, quiet tokenizers and the Hypothesis profiles."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import settings
+
+# CI runners are small and shared, so a slow example is not a failing one; derandomize keeps
+# a red run reproducible. HYPOTHESIS_PROFILE=dev explores fresh examples on every run.
+settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
+settings.register_profile("dev", deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The Rust tokenizer pool warns, and can deadlock, when xdist or a server forks after use.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _cuda_unavailable_reason() -> str | None:
+    """Why CUDA tests cannot run here, or None when a CUDA device is usable."""
+    try:
+        import torch
+    except ImportError:
+        return "needs a CUDA device: torch is not installed"
+    if not torch.cuda.is_available():
+        return "needs a CUDA device: torch.cuda.is_available() is False on this machine"
+    return None
+
+
+# trylast: run after `-m` deselection, so a `-m "not gpu"` run never imports torch here.
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_items:
+        # Importing torch costs seconds; runs without gpu tests never pay it.
+        return
+    reason = _cuda_unavailable_reason()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=reason)
+    for item in gpu_items:
+        item.add_marker(skip)

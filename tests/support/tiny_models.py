@@ -1,0 +1,113 @@
+"""Builders of tiny random transformers checkpoints (config.json + safetensors) for tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Wide enough that logits differ clearly between tokens, so greedy decoding varies.
+DEFAULT_INIT_STD = 0.15
+_SHAPE = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+
+
+def build_tiny_llama(
+    directory: Path | str,
+    *,
+    tie_word_embeddings: bool = False,
+    vocab_size: int = 384,
+    seed: int = 0,
+    init_std: float = DEFAULT_INIT_STD,
+    max_shard_size: str | None = None,
+    **overrides: Any,
+) -> Path:
+    """Writes a random `LlamaForCausalLM` (GQA: 4 query heads, 2 key/value heads) and returns
+    its directory. `overrides` go to `LlamaConfig` (e.g. `rope_parameters`, `num_hidden_layers`).
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    settings = {**_SHAPE, "max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2}
+    settings.update(overrides)
+    config = LlamaConfig(vocab_size=vocab_size, tie_word_embeddings=tie_word_embeddings, **settings)
+    return _save(LlamaForCausalLM, config, directory, seed, init_std, max_shard_size)
+
+
+def build_tiny_qwen2(
+    directory: Path | str,
+    *,
+    tie_word_embeddings: bool = False,
+    vocab_size: int = 384,
+    seed: int = 0,
+    init_std: float = DEFAULT_INIT_STD,
+    max_shard_size: str | None = None,
+    **overrides: Any,
+) -> Path:
+    """Writes a random `Qwen2ForCausalLM` (q/k/v biases randomised too); returns its directory."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    settings = {**_SHAPE, "max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2}
+    settings.update(overrides)
+    config = Qwen2Config(vocab_size=vocab_size, tie_word_embeddings=tie_word_embeddings, **settings)
+    return _save(Qwen2ForCausalLM, config, directory, seed, init_std, max_shard_size)
+
+
+def build_tiny_mistral(
+    directory: Path | str,
+    *,
+    tie_word_embeddings: bool = False,
+    vocab_size: int = 384,
+    sliding_window: int | None = None,
+    seed: int = 0,
+    init_std: float = DEFAULT_INIT_STD,
+    max_shard_size: str | None = None,
+    **overrides: Any,
+) -> Path:
+    """Writes a random `MistralForCausalLM`, optionally with a sliding attention window."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    settings = {**_SHAPE, "max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2}
+    settings.update(overrides)
+    config = MistralConfig(
+        vocab_size=vocab_size,
+        tie_word_embeddings=tie_word_embeddings,
+        sliding_window=sliding_window,
+        **settings,
+    )
+    return _save(MistralForCausalLM, config, directory, seed, init_std, max_shard_size)
+
+
+def _save(
+    model_class: Any,
+    config: Any,
+    directory: Path | str,
+    seed: int,
+    init_std: float,
+    max_shard_size: str | None,
+) -> Path:
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    # fork_rng keeps the caller's global RNG stream untouched by model construction.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_class(config).to(torch.float32).eval()
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                noise = torch.randn(parameter.shape, generator=generator)
+                if "norm" in name:
+                    # Norm weights away from 1 so a model that skipped them would differ.
+                    parameter.copy_(1.0 + 0.1 * noise)
+                elif name.endswith(".bias"):
+                    parameter.copy_(0.1 * noise)
+                else:
+                    parameter.copy_(init_std * noise)
+    extra = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    model.save_pretrained(directory, **extra)
+    return directory

@@ -1,0 +1,172 @@
+"""Train tiny byte-level and byte-fallback tokenizers into model directories for tests."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<s>", "</s>")
+BOS_TOKEN = "<s>"
+EOS_TOKEN = "<|im_end|>"
+# generation_config.json lists this one too, so eos_token_ids has two members.
+EXTRA_EOS_TOKEN = "</s>"
+BYTE_PIECE_COUNT = 256
+
+# Block tags on their own lines and an indented one exercise trim_blocks and lstrip_blocks.
+CHATML_TEMPLATE = (
+    "{% if messages and messages[0]['role'] == 'tool' %}\n"
+    "{{ raise_exception('a conversation cannot start with a tool message') }}\n"
+    "{% endif %}\n"
+    "{{ bos_token -}}\n"
+    "{% for message in messages %}\n"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}\n"
+    "  {% if add_generation_prompt %}\n"
+    "<|im_start|>assistant\n"
+    "  {% endif %}\n"
+)
+
+# Words in several scripts, so multi-byte characters end up split across tokens.
+_CORPUS_WORDS = (
+    "the quick brown fox jumps over lazy dog while tokens stream from server to client "
+    "every request gets its own slot and epoch so nothing stale leaks into a new answer "
+    "café naïve über señor façade crème brûlée "
+    "Ærø Ångström Łódź Dvořák smörgåsbord "
+    "Привет мир Ελλάδα γειά σου 日本語 東京 北京 中文 漢字 한국어 서울 "
+    "🎉 🚀 👍🏽 🇫🇷 😀 🤖 ✨ 42 2024 3.14 100% a+b=c (x) [y] {z} <tag> #hash @user"
+)
+
+
+def build_byte_level_bpe(directory: Path, *, vocab_size: int = 320) -> None:
+    """A GPT-2 style byte-level BPE with exactly `vocab_size` IDs, written into `directory`."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    minimum = len(SPECIAL_TOKENS) + BYTE_PIECE_COUNT + 1
+    if vocab_size < minimum:
+        raise ValueError(f"a byte-level tokenizer needs vocab_size >= {minimum}")
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_corpus(), trainer)
+    _write_model_dir(directory, tokenizer, add_bos_token=False)
+    _check_vocab_size(directory, vocab_size)
+
+
+def build_byte_fallback(directory: Path, *, vocab_size: int = 320) -> None:
+    """A Llama-2 style BPE: Metaspace, `<0x00>`..`<0xFF>` pieces, byte_fallback, BOS added."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
+
+    reserved = len(SPECIAL_TOKENS) + BYTE_PIECE_COUNT
+    if vocab_size < reserved + 10:
+        raise ValueError(f"a byte-fallback tokenizer needs vocab_size >= {reserved + 10}")
+    pieces, merges = _train_metaspace_pieces(vocab_size - reserved)
+    vocab = {token: token_id for token_id, token in enumerate(SPECIAL_TOKENS)}
+    for byte in range(BYTE_PIECE_COUNT):
+        vocab[f"<0x{byte:02X}>"] = len(vocab)
+    for piece in pieces:
+        vocab[piece] = len(vocab)
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True))
+    tokenizer.pre_tokenizer = _metaspace()
+    tokenizer.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    tokenizer.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
+    )
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{BOS_TOKEN} $A",
+        pair=f"{BOS_TOKEN} $A {BOS_TOKEN} $B",
+        special_tokens=[(BOS_TOKEN, vocab[BOS_TOKEN])],
+    )
+    _write_model_dir(directory, tokenizer, add_bos_token=True)
+    _check_vocab_size(directory, vocab_size)
+
+
+def tokenizer_vocab_size(directory: Path) -> int:
+    """One more than the highest token ID in the directory's tokenizer.json."""
+    spec = json.loads((Path(directory) / "tokenizer.json").read_text(encoding="utf-8"))
+    token_ids = [*spec["model"]["vocab"].values(), *(t["id"] for t in spec["added_tokens"])]
+    return 1 + max(token_ids)
+
+
+def _metaspace() -> Any:
+    from tokenizers import pre_tokenizers
+
+    return pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+
+
+def _train_metaspace_pieces(count: int) -> tuple[list[str], list[tuple[str, str]]]:
+    """`count` pieces (a small character alphabet plus merges) learned over Metaspace words."""
+    from tokenizers import Tokenizer, models, trainers
+
+    trainer = trainers.BpeTrainer(
+        vocab_size=count,
+        # A small alphabet leaves CJK, emoji and rarer accents to the byte pieces.
+        limit_alphabet=min(24, count // 2),
+        show_progress=False,
+    )
+    scratch = Tokenizer(models.BPE())
+    scratch.pre_tokenizer = _metaspace()
+    scratch.train_from_iterator(_corpus(), trainer)
+    spec = json.loads(scratch.to_str())
+    vocab: dict[str, int] = spec["model"]["vocab"]
+    if len(vocab) != count:
+        raise ValueError(f"training produced {len(vocab)} pieces, wanted {count}")
+    # Newer tokenizers releases store merges as pairs, older ones as "left right" strings.
+    merges = [
+        (m[0], m[1]) if isinstance(m, list) else tuple(m.split(" "))
+        for m in spec["model"]["merges"]
+    ]
+    return sorted(vocab, key=vocab.__getitem__), merges
+
+
+def _corpus() -> list[str]:
+    # A fixed seed keeps the trained vocabulary, and so every test expectation, stable.
+    words = _CORPUS_WORDS.split()
+    chooser = random.Random(20240601)
+    return [" ".join(chooser.choices(words, k=12)) for _ in range(600)]
+
+
+def _write_model_dir(directory: Path, tokenizer: Any, *, add_bos_token: bool) -> None:
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": BOS_TOKEN,
+        "eos_token": EOS_TOKEN,
+        "add_bos_token": add_bos_token,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 2048,
+        "chat_template": CHATML_TEMPLATE,
+    }
+    generation_config = {
+        "bos_token_id": tokenizer.token_to_id(BOS_TOKEN),
+        "eos_token_id": [tokenizer.token_to_id(EOS_TOKEN), tokenizer.token_to_id(EXTRA_EOS_TOKEN)],
+    }
+    for name, payload in (
+        ("tokenizer_config.json", tokenizer_config),
+        ("generation_config.json", generation_config),
+    ):
+        (directory / name).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+
+
+def _check_vocab_size(directory: Path, wanted: int) -> None:
+    built = tokenizer_vocab_size(directory)
+    if built != wanted:
+        raise ValueError(f"built a tokenizer of {built} IDs, wanted {wanted}: enlarge the corpus")
