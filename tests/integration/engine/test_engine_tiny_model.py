@@ -1,0 +1,169 @@
+"""The real engine over a tiny real model: batching, preemption and aborts never change tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from adapters.gpu.factory import RunnerSettings, build_executor
+from adapters.tokenizer.hf import HfTokenizer
+from domain.engine import Engine, EngineConfig
+from domain.outputs import ChoiceDelta, RequestEnd
+from domain.requests import GenerationRequest
+from domain.sampling import SamplingParams
+
+PROMPTS = [
+    "Hello there",
+    "The quick brown fox jumps over the lazy dog again and again",
+    "数据 and émigré",
+    "a",
+    "Numbers 12345 and words, more words, and yet more words to make a long prompt",
+    "🙂 ok",
+]
+
+
+def make_engine(
+    model_dir: Path,
+    *,
+    kv_bytes: int = 8 << 20,
+    max_num_seqs: int = 8,
+    budget: int = 32,
+    block_size: int = 4,
+    max_model_len: int = 128,
+):
+    tokenizer = HfTokenizer.from_dir(model_dir)
+    settings = RunnerSettings(
+        device="cpu",
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        kv_cache_bytes=kv_bytes,
+        block_size=block_size,
+    )
+    executor = build_executor(model_dir, settings, tokenizer.vocab_size)
+    plans = []
+    submit = executor.submit
+
+    def spying_submit(plan):
+        plans.append(plan)
+        return submit(plan)
+
+    executor.submit = spying_submit
+    engine = Engine(
+        executor, tokenizer, EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
+    )
+    return engine, tokenizer, plans
+
+
+def requests_for(tokenizer: HfTokenizer, params: list[SamplingParams]) -> list[GenerationRequest]:
+    return [
+        GenerationRequest(f"r{i}", tuple(tokenizer.encode(prompt)), p)
+        for i, (prompt, p) in enumerate(zip(PROMPTS, params, strict=True))
+    ]
+
+
+def run(engine: Engine, requests: list[GenerationRequest]) -> dict[str, list[int]]:
+    channels = {r.request_id: engine.submit(r) for r in requests}
+    while engine.has_work():
+        engine.step()
+    outputs = {}
+    for request_id, channel in channels.items():
+        items = []
+        while (item := channel.get_nowait()) is not None:
+            items.append(item)
+        assert isinstance(items[-1], RequestEnd) and items[-1].error is None
+        outputs[request_id] = [t for i in items if isinstance(i, ChoiceDelta) for t in i.token_ids]
+    return outputs
+
+
+def alone(model_dir: Path, requests: list[GenerationRequest]) -> dict[str, list[int]]:
+    engine, _, _ = make_engine(model_dir, max_num_seqs=1, budget=512)
+    return {r.request_id: run(engine, [r])[r.request_id] for r in requests}
+
+
+def varied_params(greedy: bool) -> list[SamplingParams]:
+    return [
+        SamplingParams(
+            max_tokens=6 + 3 * i,
+            temperature=0.0 if greedy else 0.9,
+            seed=100 + i,
+            ignore_eos=True,
+            top_p=1.0 if greedy else 0.95,
+        )
+        for i in range(len(PROMPTS))
+    ]
+
+
+def test_concurrent_greedy_requests_get_exactly_the_tokens_each_gets_alone(tiny_model_dir):
+    engine, tokenizer, plans = make_engine(tiny_model_dir)
+    requests = requests_for(tokenizer, varied_params(greedy=True))
+
+    together = run(engine, requests)
+
+    assert together == alone(tiny_model_dir, requests)
+    assert max(len(plan.works) for plan in plans) > 1, "requests really shared steps"
+    assert any(not w.sample for plan in plans for w in plan.works), "a prompt was chunked"
+
+
+def test_concurrent_seeded_requests_sample_exactly_the_tokens_each_samples_alone(tiny_model_dir):
+    engine, tokenizer, _ = make_engine(tiny_model_dir)
+    requests = requests_for(tokenizer, varied_params(greedy=False))
+
+    together = run(engine, requests)
+
+    assert together == alone(tiny_model_dir, requests)
+    assert len({tuple(tokens) for tokens in together.values()}) == len(requests)
+
+
+def test_preemption_under_a_tiny_kv_budget_changes_no_output(tiny_model_dir):
+    _, tokenizer, _ = make_engine(tiny_model_dir)
+    block_bytes = _bytes_per_block(tiny_model_dir, block_size=4)
+    engine, _, plans = make_engine(
+        tiny_model_dir, kv_bytes=block_bytes * 40, max_model_len=96, budget=64
+    )
+    requests = requests_for(
+        tokenizer,
+        [
+            SamplingParams(
+                max_tokens=30, temperature=0.0 if i % 2 else 0.8, seed=7 + i, ignore_eos=True
+            )
+            for i in range(len(PROMPTS))
+        ],
+    )
+
+    together = run(engine, requests)
+
+    restarts = [
+        w
+        for plan in plans
+        for w in plan.works
+        if w.start_position == 0 and len(w.token_ids) > w.prompt_len
+    ]
+    assert restarts, "the KV pool was small enough to force preemption"
+    assert together == alone(tiny_model_dir, requests)
+    assert engine.scheduler.num_free_blocks == 40
+
+
+def test_abort_frees_the_slot_and_blocks_at_once(tiny_model_dir):
+    engine, tokenizer, _ = make_engine(tiny_model_dir)
+    free_blocks = engine.scheduler.num_free_blocks
+    params = SamplingParams(max_tokens=50, ignore_eos=True, seed=1)
+    channel = engine.submit(GenerationRequest("long", tuple(tokenizer.encode(PROMPTS[1])), params))
+    for _ in range(4):
+        engine.step()
+    assert engine.scheduler.num_free_blocks < free_blocks
+
+    engine.abort("long")
+    engine.step()
+
+    assert engine.scheduler.num_free_blocks == free_blocks
+    assert engine.scheduler.num_free_slots == 8 and not engine.has_work()
+    items = [channel.get_nowait() for _ in range(len(channel))]
+    assert items[-2].finish_reason == "abort" and isinstance(items[-1], RequestEnd)
+
+
+def _bytes_per_block(model_dir: Path, block_size: int) -> int:
+    import torch
+
+    from adapters.gpu.kv_cache import PagedKVCache
+    from adapters.gpu.model_config import ModelConfig
+
+    return PagedKVCache.bytes_per_block(ModelConfig.from_dir(model_dir), block_size, torch.float32)

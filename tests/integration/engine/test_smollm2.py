@@ -1,0 +1,37 @@
+"""The embedded SmolLM2-135M-Instruct answers a real question through the real engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from adapters.cli import bootstrap
+from adapters.gpu.factory import RunnerSettings
+from domain.engine import EngineConfig
+from domain.outputs import ChoiceDelta, RequestEnd
+from domain.requests import GenerationRequest
+from domain.sampling import SamplingParams
+
+pytestmark = pytest.mark.slow
+
+
+def test_smollm2_greedy_answer_to_the_capital_of_france_mentions_paris():
+    loaded = bootstrap.load(
+        None,
+        RunnerSettings(device="cpu", max_model_len=1024, kv_cache_bytes=64 << 20),
+        EngineConfig(),
+    )
+    chat = loaded.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}]
+    )
+    prompt = tuple(loaded.tokenizer.encode(chat, add_special_tokens=False))
+
+    channel = loaded.engine.submit(
+        GenerationRequest("paris", prompt, SamplingParams(max_tokens=30, temperature=0.0))
+    )
+    while loaded.engine.has_work():
+        loaded.engine.step()
+
+    items = list(channel)
+    text = "".join(i.text for i in items if isinstance(i, ChoiceDelta))
+    assert isinstance(items[-1], RequestEnd) and items[-1].error is None
+    assert "Paris" in text
