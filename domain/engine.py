@@ -80,12 +80,17 @@ class Engine:
     def scheduler(self) -> Scheduler:
         return self._scheduler
 
+    def check(self, request: GenerationRequest) -> None:
+        """Raises InvalidRequestError for a request this engine cannot take; admits nothing."""
+        request.check_limits(self.vocab_size, self.max_model_len)
+
     def submit(
         self, request: GenerationRequest, channel: OutputChannel | None = None
     ) -> OutputChannel:
         """Validates and queues a request; raises InvalidRequestError before admission."""
-        request.check_limits(self.vocab_size, self.max_model_len)
-        channel = channel or OutputChannel(self._config.channel_capacity)
+        self.check(request)
+        if channel is None:
+            channel = OutputChannel(self._config.channel_capacity)
         with self._wake:
             if len(self._inbox) + self._scheduler.num_waiting >= self._config.max_waiting:
                 raise OverloadedError("the server is at its admission limit; retry later")

@@ -52,3 +52,17 @@ class OverloadedError(DomainError):
 
     status = 503
     type = "ServiceUnavailableError"
+
+
+class PayloadTooLargeError(DomainError):
+    """The request body is larger than the server accepts."""
+
+    status = 413
+    type = "PayloadTooLargeError"
+
+
+class NotReadyError(DomainError):
+    """The model is still loading."""
+
+    status = 503
+    type = "ServiceUnavailableError"

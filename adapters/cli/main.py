@@ -6,13 +6,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from adapters.cli import generate
+from adapters.cli import generate, serve
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="helios", description="Helios LLM inference server")
     commands = parser.add_subparsers(dest="command", required=True)
     generate.add_parser(commands)
+    serve.add_parser(commands)
     return parser
 
 

@@ -1,0 +1,36 @@
+"""Composition root of a gunicorn worker: `adapters.cli.asgi:create_app()`.
+
+The worker builds the app at import of this factory, and the model loads on ASGI startup, after
+gunicorn has forked, so no model or device state ever crosses a fork.
+"""
+
+from __future__ import annotations
+
+import falcon.asgi
+
+from adapters.cli import bootstrap
+from adapters.cli.serve_config import ServeConfig
+from adapters.http.app import create_app as create_http_app
+from adapters.http.serving import HttpSettings, ModelHolder, ServedModel
+from domain.engine import EngineConfig, EngineLoop
+
+
+def load_served_model(config: ServeConfig) -> ServedModel:
+    """Loads the model, starts the engine thread and describes what is served."""
+    loaded = bootstrap.load(
+        config.model,
+        config.runner,
+        EngineConfig(max_num_batched_tokens=config.max_num_batched_tokens),
+        config.served_model_name,
+    )
+    loop = EngineLoop(loaded.engine)
+    loop.start()
+    return ServedModel(
+        name=loaded.name, tokenizer=loaded.tokenizer, engine=loaded.engine, stop=loop.stop
+    )
+
+
+def create_app(config: ServeConfig | None = None) -> falcon.asgi.App:
+    config = config or ServeConfig.from_environment()
+    holder = ModelHolder(loader=lambda: load_served_model(config))
+    return create_http_app(holder, HttpSettings(api_key=config.api_key))

@@ -1,0 +1,74 @@
+"""`helios serve`: gunicorn with the Falcon ASGI app on its native asyncio worker."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from gunicorn.app.base import BaseApplication
+
+from adapters.cli.runner_args import add_runner_arguments, runner_settings
+from adapters.cli.serve_config import ENVIRONMENT_VARIABLE, ServeConfig
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("serve", help="serve the OpenAI-compatible API")
+    parser.add_argument(
+        "model_path",
+        nargs="?",
+        default=None,
+        metavar="MODEL",
+        help="model directory or .gguf file (default: the embedded SmolLM2-135M)",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--api-key", default=os.environ.get("HELIOS_API_KEY"))
+    parser.add_argument(
+        "--timeout",
+        type=int,
+        default=300,
+        help="gunicorn worker timeout in seconds (model load included)",
+    )
+    add_runner_arguments(parser)
+    parser.set_defaults(run=run)
+
+
+class _Gunicorn(BaseApplication):
+    """Runs gunicorn in this process with settings from the command line, no config file."""
+
+    def __init__(self, options: dict[str, object]) -> None:
+        self._options = options
+        super().__init__()
+
+    def load_config(self) -> None:
+        for name, value in self._options.items():
+            self.cfg.set(name, value)
+
+    def load(self):
+        from adapters.cli.asgi import create_app
+
+        return create_app()
+
+
+def run(args: argparse.Namespace) -> int:
+    config = ServeConfig(
+        model=args.model_path or args.model,
+        served_model_name=args.served_model_name,
+        api_key=args.api_key,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        runner=runner_settings(args),
+    )
+    os.environ[ENVIRONMENT_VARIABLE] = config.to_environment()
+    _Gunicorn(
+        {
+            "bind": f"{args.host}:{args.port}",
+            "worker_class": "asgi",
+            "workers": 1,
+            "timeout": args.timeout,
+            "graceful_timeout": 10,
+            "preload_app": False,
+            "accesslog": "-",
+        }
+    ).run()
+    return 0

@@ -1,0 +1,34 @@
+"""Serve settings carried from `helios serve` to the gunicorn worker through one variable."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+
+from adapters.gpu.factory import RunnerSettings
+
+ENVIRONMENT_VARIABLE = "HELIOS_SERVE_CONFIG"
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Everything a worker needs to load and serve the model."""
+
+    model: str | None = None
+    served_model_name: str | None = None
+    api_key: str | None = None
+    max_num_batched_tokens: int = 512
+    runner: RunnerSettings = field(default_factory=RunnerSettings)
+
+    def to_environment(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_environment(cls) -> ServeConfig:
+        raw = os.environ.get(ENVIRONMENT_VARIABLE)
+        if not raw:
+            return cls()
+        values = json.loads(raw)
+        runner = RunnerSettings(**values.pop("runner"))
+        return cls(runner=runner, **values)

@@ -1,0 +1,40 @@
+"""The Falcon ASGI application: routes, media, middleware and error handlers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import falcon.asgi
+
+from adapters.http import errors
+from adapters.http.auth import ApiKeyMiddleware
+from adapters.http.chat import ChatCompletionsResource
+from adapters.http.completions import CompletionsResource
+from adapters.http.resources import (
+    DetokenizeResource,
+    HealthResource,
+    ModelsResource,
+    OpenApiResource,
+    TokenizeResource,
+)
+from adapters.http.serving import HttpSettings, ModelHolder
+
+OPENAPI_PATH = Path(__file__).resolve().parents[2] / "contracts" / "openapi.yaml"
+
+
+def create_app(holder: ModelHolder, settings: HttpSettings | None = None) -> falcon.asgi.App:
+    settings = settings or HttpSettings()
+    middleware: list[object] = [holder]
+    if settings.api_key:
+        middleware.append(ApiKeyMiddleware(settings.api_key))
+    app = falcon.asgi.App(middleware=middleware)
+    app.req_options.strip_url_path_trailing_slash = True
+    app.add_route("/v1/completions", CompletionsResource(holder, settings))
+    app.add_route("/v1/chat/completions", ChatCompletionsResource(holder, settings))
+    app.add_route("/v1/models", ModelsResource(holder))
+    app.add_route("/health", HealthResource(holder))
+    app.add_route("/tokenize", TokenizeResource(holder, settings))
+    app.add_route("/detokenize", DetokenizeResource(holder, settings))
+    app.add_route("/openapi.json", OpenApiResource(OPENAPI_PATH))
+    errors.register(app)
+    return app

@@ -1,0 +1,111 @@
+"""`POST /v1/completions`: text and token-ID prompts, batches, echo, n, streaming."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import falcon.asgi
+from falcon.asgi import SSEvent
+
+from adapters.http import generation
+from adapters.http.body import read_json
+from adapters.http.engine_bridge import RequestGroup
+from adapters.http.parsing import completion_job
+from adapters.http.serving import HttpSettings, ModelHolder
+from adapters.http.sse import done_event, error_event, json_event
+from domain.errors import DomainError
+from domain.jobs import GenerationJob
+from domain.outputs import Usage
+from domain.presentation import (
+    ChoiceResult,
+    ResponseHeader,
+    completion_choice,
+    completion_chunk,
+    completion_response,
+    usage_chunk,
+)
+from domain.requests import GenerationRequest
+
+
+class CompletionsResource:
+    def __init__(self, holder: ModelHolder, settings: HttpSettings) -> None:
+        self._holder = holder
+        self._settings = settings
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        served = self._holder.served
+        job = completion_job(await read_json(req, self._settings.max_body_bytes), served.tokenizer)
+        header = generation.start(job, served, "cmpl")
+        if not job.generates:
+            for index, prompt in enumerate(job.prompts):
+                served.engine.check(
+                    GenerationRequest(f"{header.id}-{index}", prompt.token_ids, job.params)
+                )
+            result = _echo_only(job)
+            if job.stream:
+                resp.sse = _echo_only_events(header, job, result)
+            else:
+                resp.media = completion_response(header, result, generation.prompt_usage(job))
+            return
+        group = generation.request_group(job, served, header, self._settings.channel_capacity)
+        if job.stream:
+            resp.sse = _stream(header, job, group)
+            return
+        choices, usage = await generation.collect(group, job)
+        body = [completion_choice(c, prefix=_echo_prefix(job, c.index)) for c in choices]
+        resp.media = completion_response(header, body, usage)
+
+
+def _echo_prefix(job: GenerationJob, index: int) -> str:
+    return job.prompts[index // job.n].text if job.echo else ""
+
+
+def _echo_only(job: GenerationJob) -> list[dict]:
+    choices = []
+    for index in range(len(job.prompts) * job.n):
+        choice = ChoiceResult(index, finish_reason="length")
+        choices.append(completion_choice(choice, prefix=_echo_prefix(job, index)))
+    return choices
+
+
+async def _echo_only_events(
+    header: ResponseHeader, job: GenerationJob, choices: list[dict]
+) -> AsyncIterator[SSEvent]:
+    for choice in choices:
+        yield json_event(completion_chunk(header, choice["index"], choice["text"], "length"))
+    if job.include_usage:
+        yield json_event(usage_chunk(header, generation.prompt_usage(job), chat=False))
+    yield done_event()
+
+
+async def _stream(
+    header: ResponseHeader, job: GenerationJob, group: RequestGroup
+) -> AsyncIterator[SSEvent]:
+    started: set[int] = set()
+    prompt_tokens = sum(len(p.token_ids) for p in job.prompts)
+    completion_tokens = 0
+    try:
+        async for event in generation.events(group, job.n):
+            if event.end is not None:
+                continue
+            delta = event.delta
+            completion_tokens += len(delta.token_ids)
+            text = delta.text
+            if event.choice not in started:
+                started.add(event.choice)
+                text = _echo_prefix(job, event.choice) + text
+            if not text and not delta.finished:
+                continue
+            usage = Usage(prompt_tokens, completion_tokens) if job.continuous_usage else None
+            yield json_event(
+                completion_chunk(
+                    header, event.choice, text, delta.finish_reason, delta.stop_reason, usage
+                )
+            )
+    except DomainError as error:
+        yield error_event(error)
+        yield done_event()
+        return
+    if job.include_usage:
+        yield json_event(usage_chunk(header, Usage(prompt_tokens, completion_tokens), chat=False))
+    yield done_event()

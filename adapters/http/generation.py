@@ -1,0 +1,72 @@
+"""Shared steps of completion and chat requests: engine requests, choice numbering, collection."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from adapters.http.engine_bridge import RequestGroup
+from adapters.http.serving import ServedModel
+from domain.errors import NotFoundError, RequestFailedError
+from domain.jobs import GenerationJob
+from domain.outputs import ChoiceDelta, RequestEnd, Usage
+from domain.presentation import ChoiceResult, ResponseHeader
+from domain.requests import GenerationRequest
+
+
+def start(job: GenerationJob, served: ServedModel, prefix: str) -> ResponseHeader:
+    """Checks the model name and stamps the response header."""
+    if job.model is not None and job.model != served.name:
+        raise NotFoundError(f"The model `{job.model}` does not exist.", param="model")
+    return ResponseHeader(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), served.name)
+
+
+def request_group(
+    job: GenerationJob, served: ServedModel, header: ResponseHeader, capacity: int
+) -> RequestGroup:
+    requests = [
+        GenerationRequest(f"{header.id}-{index}", prompt.token_ids, job.params, job.n)
+        for index, prompt in enumerate(job.prompts)
+    ]
+    return RequestGroup(served.engine, requests, capacity)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One item of a request group, numbered as the response numbers choices."""
+
+    prompt: int
+    choice: int
+    delta: ChoiceDelta | None = None
+    end: RequestEnd | None = None
+
+
+async def events(group: RequestGroup, n: int) -> AsyncIterator[Event]:
+    """Choice index = prompt index * n + choice index, as vLLM numbers batched prompts."""
+    async for prompt, item in group.items():
+        if isinstance(item, RequestEnd):
+            if item.error is not None:
+                raise RequestFailedError(item.error)
+            yield Event(prompt, -1, end=item)
+        else:
+            yield Event(prompt, prompt * n + item.index, delta=item)
+
+
+async def collect(group: RequestGroup, job: GenerationJob) -> tuple[list[ChoiceResult], Usage]:
+    """Whole choices in index order and the summed usage of a non-streaming request."""
+    choices = [ChoiceResult(index) for index in range(len(job.prompts) * job.n)]
+    prompt_tokens = completion_tokens = 0
+    async for event in events(group, job.n):
+        if event.end is not None:
+            prompt_tokens += event.end.usage.prompt_tokens
+            completion_tokens += event.end.usage.completion_tokens
+        else:
+            choices[event.choice].add(event.delta)
+    return choices, Usage(prompt_tokens, completion_tokens)
+
+
+def prompt_usage(job: GenerationJob) -> Usage:
+    """Usage of an echo-only request (max_tokens 0): the prompts, nothing generated."""
+    return Usage(sum(len(p.token_ids) for p in job.prompts), 0)

@@ -1,0 +1,193 @@
+"""JSON bodies of completion and chat requests into domain jobs (translation only, no rules)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from adapters.http.fields import (
+    is_int,
+    read_bool,
+    read_float,
+    read_int,
+    read_int_list,
+    read_logit_bias,
+    read_object,
+    read_stop,
+    read_str,
+)
+from domain.errors import InvalidRequestError
+from domain.jobs import GenerationJob, Prompt, StreamOptions
+from domain.sampling import SamplingParams
+
+_ROLES = ("system", "user", "assistant", "developer", "tool")
+_LOGPROB_FIELDS = ("logprobs", "top_logprobs", "prompt_logprobs", "logprob_token_ids")
+
+
+class _Tokenizer(Protocol):
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str: ...
+
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, object]], *, add_generation_prompt: bool = True
+    ) -> str: ...
+
+
+def completion_job(raw: Any, tokenizer: _Tokenizer) -> GenerationJob:
+    body = read_object(raw)
+    _refuse_logprobs(body, chat=False)
+    max_tokens = read_int(body, "max_tokens", 16)
+    return _job(
+        body,
+        _completion_prompts(body.get("prompt"), tokenizer),
+        max_tokens,
+        echo=read_bool(body, "echo", False),
+    )
+
+
+def chat_job(raw: Any, tokenizer: _Tokenizer) -> GenerationJob:
+    body = read_object(raw)
+    _refuse_logprobs(body, chat=True)
+    messages = _messages(body.get("messages"))
+    add_generation_prompt = read_bool(body, "add_generation_prompt", True)
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+    except ValueError as error:
+        raise InvalidRequestError(f"the chat template failed: {error}", param="messages") from None
+    prompt = Prompt(tuple(tokenizer.encode(text, add_special_tokens=False)), text)
+    max_tokens = read_int(body, "max_completion_tokens", None)
+    if max_tokens is None:
+        max_tokens = read_int(body, "max_tokens", None)
+    return _job(body, (prompt,), max_tokens, echo=False)
+
+
+def _job(
+    body: dict, prompts: tuple[Prompt, ...], max_tokens: int | None, *, echo: bool
+) -> GenerationJob:
+    if max_tokens is not None and max_tokens < 0:
+        raise InvalidRequestError("max_tokens must be non-negative", param="max_tokens")
+    stream = read_bool(body, "stream", False)
+    params = SamplingParams(
+        max_tokens=None if max_tokens is None else max(max_tokens, 1),
+        temperature=read_float(body, "temperature", 1.0),
+        top_p=read_float(body, "top_p", 1.0),
+        top_k=read_int(body, "top_k", 0),
+        min_p=read_float(body, "min_p", 0.0),
+        presence_penalty=read_float(body, "presence_penalty", 0.0),
+        frequency_penalty=read_float(body, "frequency_penalty", 0.0),
+        repetition_penalty=read_float(body, "repetition_penalty", 1.0),
+        seed=read_int(body, "seed", None),
+        stop=read_stop(body),
+        stop_token_ids=read_int_list(body, "stop_token_ids"),
+        ignore_eos=read_bool(body, "ignore_eos", False),
+        include_stop_str_in_output=read_bool(body, "include_stop_str_in_output", False),
+        skip_special_tokens=read_bool(body, "skip_special_tokens", True),
+        min_tokens=read_int(body, "min_tokens", 0),
+        logit_bias=read_logit_bias(body),
+    )
+    return GenerationJob(
+        model=read_str(body, "model", None),
+        prompts=prompts,
+        params=params,
+        max_tokens=max_tokens,
+        n=read_int(body, "n", 1),
+        echo=echo,
+        stream=stream,
+        stream_options=_stream_options(body),
+    )
+
+
+def _refuse_logprobs(body: dict, *, chat: bool) -> None:
+    """This build serves no logprob outputs (a K=0 core); any request for them is a 400."""
+    for name in _LOGPROB_FIELDS:
+        value = body.get(name)
+        if value is None or value is False or (chat and name == "top_logprobs" and value == 0):
+            continue
+        raise InvalidRequestError(
+            f"`{name}` was requested, but the served model has no logprob outputs "
+            "(allow_logprobs is false)",
+            param=name,
+        )
+
+
+def _stream_options(body: dict) -> StreamOptions | None:
+    raw = body.get("stream_options")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise InvalidRequestError("`stream_options` must be an object.", param="stream_options")
+    return StreamOptions(
+        read_bool(raw, "include_usage", False), read_bool(raw, "continuous_usage_stats", False)
+    )
+
+
+def _completion_prompts(raw: Any, tokenizer: _Tokenizer) -> tuple[Prompt, ...]:
+    if isinstance(raw, str):
+        return (_text_prompt(raw, tokenizer),)
+    if isinstance(raw, list) and raw:
+        if all(is_int(item) for item in raw):
+            return (_token_prompt(raw, tokenizer),)
+        if all(isinstance(item, str) for item in raw):
+            return tuple(_text_prompt(item, tokenizer) for item in raw)
+        if all(isinstance(item, list) and item and all(is_int(t) for t in item) for item in raw):
+            return tuple(_token_prompt(item, tokenizer) for item in raw)
+    raise InvalidRequestError(
+        "`prompt` must be a non-empty string, a list of strings, a list of token IDs or a list "
+        "of token ID lists",
+        param="prompt",
+    )
+
+
+def _text_prompt(text: str, tokenizer: _Tokenizer) -> Prompt:
+    if not text:
+        raise InvalidRequestError("the prompt must not be empty", param="prompt")
+    return Prompt(tuple(tokenizer.encode(text)), text)
+
+
+def _token_prompt(token_ids: list[int], tokenizer: _Tokenizer) -> Prompt:
+    bad = next((t for t in token_ids if not 0 <= t < tokenizer.vocab_size), None)
+    if bad is not None:
+        raise InvalidRequestError(
+            f"token ID {bad} is outside the vocabulary of {tokenizer.vocab_size}", param="prompt"
+        )
+    return Prompt(tuple(token_ids), tokenizer.decode(token_ids, skip_special_tokens=False))
+
+
+def _messages(raw: Any) -> list[dict]:
+    if not isinstance(raw, list) or not raw:
+        raise InvalidRequestError("`messages` must be a non-empty list", param="messages")
+    messages = []
+    for message in raw:
+        if not isinstance(message, dict) or message.get("role") not in _ROLES:
+            raise InvalidRequestError(
+                f"each message needs a role, one of {', '.join(_ROLES)}", param="messages"
+            )
+        messages.append({"role": message["role"], "content": _content(message.get("content"))})
+    return messages
+
+
+def _content(raw: Any) -> str:
+    if raw is None:
+        return ""
+    if isinstance(raw, str):
+        return raw
+    if isinstance(raw, list):
+        parts = []
+        for part in raw:
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
+                raise InvalidRequestError(
+                    "message content parts must be text parts", param="messages"
+                )
+            parts.append(part["text"])
+        return "".join(parts)
+    raise InvalidRequestError(
+        "message content must be a string or a list of text parts", param="messages"
+    )

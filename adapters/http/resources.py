@@ -1,0 +1,99 @@
+"""Small resources: models, health, tokenize, detokenize and the OpenAPI document."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import falcon
+import falcon.asgi
+import yaml
+
+from adapters.http.body import read_json
+from adapters.http.fields import read_bool, read_int_list, read_object, read_str
+from adapters.http.parsing import chat_job
+from adapters.http.serving import HttpSettings, ModelHolder
+from domain.errors import InvalidRequestError
+from domain.presentation import model_list
+
+
+class ModelsResource:
+    def __init__(self, holder: ModelHolder) -> None:
+        self._holder = holder
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        served = self._holder.served
+        resp.media = model_list(
+            served.name,
+            served.created,
+            served.engine.max_model_len,
+            allow_logprobs=served.allow_logprobs,
+        )
+
+
+class HealthResource:
+    def __init__(self, holder: ModelHolder) -> None:
+        self._holder = holder
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        self._holder.served  # noqa: B018 - raises 503 while the model loads
+        resp.status = falcon.HTTP_200
+        resp.content_type = falcon.MEDIA_TEXT
+        resp.text = ""
+
+
+class TokenizeResource:
+    """`POST /tokenize`: a prompt string, or chat messages rendered through the template."""
+
+    def __init__(self, holder: ModelHolder, settings: HttpSettings) -> None:
+        self._holder = holder
+        self._settings = settings
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        served = self._holder.served
+        body = read_object(await read_json(req, self._settings.max_body_bytes))
+        if "messages" in body:
+            tokens = list(
+                chat_job({**body, "max_tokens": 1}, served.tokenizer).prompts[0].token_ids
+            )
+        else:
+            prompt = read_str(body, "prompt", None)
+            if prompt is None:
+                raise InvalidRequestError("`prompt` or `messages` is required", param="prompt")
+            add_special = read_bool(body, "add_special_tokens", True)
+            tokens = served.tokenizer.encode(prompt, add_special_tokens=add_special)
+        resp.media = {
+            "count": len(tokens),
+            "max_model_len": served.engine.max_model_len,
+            "tokens": tokens,
+            "token_strs": None,
+        }
+
+
+class DetokenizeResource:
+    def __init__(self, holder: ModelHolder, settings: HttpSettings) -> None:
+        self._holder = holder
+        self._settings = settings
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        served = self._holder.served
+        body = read_object(await read_json(req, self._settings.max_body_bytes))
+        if "tokens" not in body:
+            raise InvalidRequestError("`tokens` is required", param="tokens")
+        tokens = read_int_list(body, "tokens")
+        vocab_size = served.tokenizer.vocab_size
+        bad = next((t for t in tokens if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError(
+                f"token ID {bad} is outside the vocabulary of {vocab_size}", param="tokens"
+            )
+        resp.media = {"prompt": served.tokenizer.decode(tokens, skip_special_tokens=False)}
+
+
+class OpenApiResource:
+    """Serves `contracts/openapi.yaml` as JSON; read once when the app is built."""
+
+    def __init__(self, path: Path) -> None:
+        self._document = yaml.safe_load(path.read_text(encoding="utf-8"))
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        resp.media = self._document

@@ -1,0 +1,61 @@
+"""What the HTTP app serves: one loaded model, held until the worker has loaded it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from domain.errors import NotReadyError
+from ports.engine_client import EngineClient
+from ports.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """A model ready to serve: its name, tokenizer and engine, and how to stop it."""
+
+    name: str
+    tokenizer: Tokenizer
+    engine: EngineClient
+    allow_logprobs: bool = False
+    created: int = field(default_factory=lambda: int(time.time()))
+    stop: Callable[[], None] = lambda: None
+
+
+@dataclass(frozen=True, slots=True)
+class HttpSettings:
+    """Front-end limits and access control."""
+
+    api_key: str | None = None
+    max_body_bytes: int = 8 << 20
+    channel_capacity: int = 64
+
+
+class ModelHolder:
+    """Loads the model on ASGI startup (after gunicorn forks) and stops it on shutdown.
+
+    Falcon calls `process_startup` and `process_shutdown` because the holder is registered as
+    middleware; tests may hand in a model that is already loaded.
+    """
+
+    def __init__(
+        self, loader: Callable[[], ServedModel] | None = None, served: ServedModel | None = None
+    ) -> None:
+        self._loader = loader
+        self._served = served
+
+    @property
+    def served(self) -> ServedModel:
+        if self._served is None:
+            raise NotReadyError("the model is still loading")
+        return self._served
+
+    async def process_startup(self, scope: dict, event: dict) -> None:
+        if self._served is None and self._loader is not None:
+            self._served = await asyncio.to_thread(self._loader)
+
+    async def process_shutdown(self, scope: dict, event: dict) -> None:
+        if self._served is not None:
+            self._served.stop()

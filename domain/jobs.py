@@ -1,0 +1,72 @@
+"""HTTP requests translated into domain terms: what to generate and how to present it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from domain.errors import InvalidRequestError
+from domain.sampling import SamplingParams
+
+MAX_PROMPTS = 64
+MAX_TOTAL_CHOICES = 128
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """One prompt as token IDs, with the text that `echo` prepends."""
+
+    token_ids: tuple[int, ...]
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOptions:
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationJob:
+    """A completion or chat request: prompts, sampling, choices per prompt and presentation flags.
+
+    `max_tokens == 0` is only valid with `echo` (prompt only, nothing generated).
+    """
+
+    model: str | None
+    prompts: tuple[Prompt, ...]
+    params: SamplingParams
+    max_tokens: int | None
+    n: int = 1
+    echo: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    def __post_init__(self) -> None:
+        if not self.prompts:
+            raise InvalidRequestError("the prompt must not be empty", param="prompt")
+        if len(self.prompts) > MAX_PROMPTS:
+            raise InvalidRequestError(f"at most {MAX_PROMPTS} prompts per request", param="prompt")
+        if len(self.prompts) * self.n > MAX_TOTAL_CHOICES:
+            raise InvalidRequestError(
+                f"prompts times n must be at most {MAX_TOTAL_CHOICES}", param="n"
+            )
+        if self.stream_options is not None and not self.stream:
+            raise InvalidRequestError(
+                "Stream options can only be defined when `stream=True`.", param="stream_options"
+            )
+        if self.max_tokens == 0 and not self.echo:
+            raise InvalidRequestError(
+                "max_tokens must be at least 1 unless echo is set", param="max_tokens"
+            )
+
+    @property
+    def generates(self) -> bool:
+        return self.max_tokens != 0
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.continuous_usage_stats

@@ -1,0 +1,200 @@
+"""Wire objects of the OpenAI-compatible API, built from domain values (the HTTP layer only serializes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from domain.errors import DomainError
+from domain.outputs import ChoiceDelta, Usage
+
+
+def usage_object(usage: Usage) -> dict:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }
+
+
+def error_object(error: DomainError) -> dict:
+    """The OpenAI error envelope; `code` is the integer HTTP status, as vLLM sends it."""
+    return {
+        "error": {
+            "message": error.message,
+            "type": error.type,
+            "param": error.param,
+            "code": error.code,
+        }
+    }
+
+
+@dataclass
+class ChoiceResult:
+    """A whole choice, accumulated from its deltas for a non-streaming response."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+    def add(self, delta: ChoiceDelta) -> None:
+        self.text += delta.text
+        self.token_ids.extend(delta.token_ids)
+        if delta.finished:
+            self.finish_reason = delta.finish_reason
+            self.stop_reason = delta.stop_reason
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseHeader:
+    """Fields every response object and chunk of one request repeats."""
+
+    id: str
+    created: int
+    model: str
+
+
+def completion_choice(choice: ChoiceResult, *, prefix: str = "") -> dict:
+    return {
+        "index": choice.index,
+        "text": prefix + choice.text,
+        "logprobs": None,
+        "finish_reason": choice.finish_reason,
+        "stop_reason": choice.stop_reason,
+        "prompt_logprobs": None,
+    }
+
+
+def completion_response(header: ResponseHeader, choices: list[dict], usage: Usage) -> dict:
+    return {
+        "id": header.id,
+        "object": "text_completion",
+        "created": header.created,
+        "model": header.model,
+        "choices": choices,
+        "usage": usage_object(usage),
+    }
+
+
+def completion_chunk(
+    header: ResponseHeader,
+    index: int,
+    text: str,
+    finish_reason: str | None = None,
+    stop_reason: str | int | None = None,
+    usage: Usage | None = None,
+) -> dict:
+    chunk = {
+        "id": header.id,
+        "object": "text_completion",
+        "created": header.created,
+        "model": header.model,
+        "choices": [
+            {
+                "index": index,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "stop_reason": stop_reason,
+            }
+        ],
+    }
+    if usage is not None:
+        chunk["usage"] = usage_object(usage)
+    return chunk
+
+
+def usage_chunk(header: ResponseHeader, usage: Usage, *, chat: bool) -> dict:
+    """The last chunk of a stream with `stream_options.include_usage`: no choices, only usage."""
+    return {
+        "id": header.id,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": header.created,
+        "model": header.model,
+        "choices": [],
+        "usage": usage_object(usage),
+    }
+
+
+def chat_choice(choice: ChoiceResult) -> dict:
+    return {
+        "index": choice.index,
+        "message": {"role": "assistant", "content": choice.text, "tool_calls": []},
+        "logprobs": None,
+        "finish_reason": choice.finish_reason,
+        "stop_reason": choice.stop_reason,
+    }
+
+
+def chat_response(header: ResponseHeader, choices: list[dict], usage: Usage) -> dict:
+    return {
+        "id": header.id,
+        "object": "chat.completion",
+        "created": header.created,
+        "model": header.model,
+        "choices": choices,
+        "usage": usage_object(usage),
+    }
+
+
+def chat_chunk(
+    header: ResponseHeader,
+    index: int,
+    delta: dict,
+    finish_reason: str | None = None,
+    stop_reason: str | int | None = None,
+    usage: Usage | None = None,
+) -> dict:
+    chunk = {
+        "id": header.id,
+        "object": "chat.completion.chunk",
+        "created": header.created,
+        "model": header.model,
+        "choices": [
+            {
+                "index": index,
+                "delta": delta,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "stop_reason": stop_reason,
+            }
+        ],
+    }
+    if usage is not None:
+        chunk["usage"] = usage_object(usage)
+    return chunk
+
+
+def model_list(name: str, created: int, max_model_len: int, *, allow_logprobs: bool) -> dict:
+    """`GET /v1/models`: the one served model, with vLLM's permission block."""
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "helios",
+                "root": name,
+                "parent": None,
+                "max_model_len": max_model_len,
+                "permission": [
+                    {
+                        "id": f"modelperm-{name}",
+                        "object": "model_permission",
+                        "created": created,
+                        "allow_create_engine": False,
+                        "allow_sampling": True,
+                        "allow_logprobs": allow_logprobs,
+                        "allow_search_indices": False,
+                        "allow_view": True,
+                        "allow_fine_tuning": False,
+                        "organization": "*",
+                        "group": None,
+                        "is_blocking": False,
+                    }
+                ],
+            }
+        ],
+    }
