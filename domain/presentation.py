@@ -1,4 +1,4 @@
-"""Wire objects of the OpenAI-compatible API, built from domain values (the HTTP layer only serializes)."""
+"""Wire objects of the OpenAI-compatible API, built from domain values; HTTP only serializes."""
 
 from __future__ import annotations
 
