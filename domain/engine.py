@@ -245,4 +245,7 @@ class EngineLoop:
     def _run(self) -> None:
         while not self._stopping.is_set():
             self._engine.wait_for_work(self._idle_wait)
-            self._engine.step()
+            try:
+                self._engine.step()
+            except Exception:  # noqa: BLE001 - the loop outlives any single bad step
+                _log.exception("engine step raised; the loop goes on")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from domain.errors import InvalidRequestError
+from domain.requests import MAX_CHOICES
 from domain.sampling import SamplingParams
 
 MAX_PROMPTS = 64
@@ -42,6 +43,8 @@ class GenerationJob:
     stream_options: StreamOptions | None = None
 
     def __post_init__(self) -> None:
+        if not 1 <= self.n <= MAX_CHOICES:
+            raise InvalidRequestError(f"n must be an integer from 1 to {MAX_CHOICES}", param="n")
         if not self.prompts:
             raise InvalidRequestError("the prompt must not be empty", param="prompt")
         if len(self.prompts) > MAX_PROMPTS:

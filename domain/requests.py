@@ -47,6 +47,12 @@ class GenerationRequest:
                 f"{prompt_len} tokens, which leaves no room to generate",
                 param="prompt",
             )
+        if prompt_len + self.params.min_tokens > max_model_len:
+            raise InvalidRequestError(
+                f"min_tokens {self.params.min_tokens} does not fit: the prompt has {prompt_len} of "
+                f"the model's {max_model_len} positions",
+                param="min_tokens",
+            )
         max_tokens = self.params.max_tokens
         if max_tokens is not None and prompt_len + max_tokens > max_model_len:
             raise InvalidRequestError(

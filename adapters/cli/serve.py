@@ -69,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
             "graceful_timeout": 10,
             "preload_app": False,
             "accesslog": "-",
+            # One control socket per user would make two servers on one machine fight over it.
+            "control_socket_disable": True,
         }
     ).run()
     return 0

@@ -100,7 +100,11 @@ class TorchExecutor:
         banned = [(row, token_id) for row, w in enumerate(works) for token_id in w.banned_token_ids]
         return SamplingTensors(
             temperature=floats([p.temperature for p in params]),
-            top_k=torch.tensor([max(p.top_k, 0) for p in params], dtype=torch.int32, device=device),
+            top_k=torch.tensor(
+                [min(max(p.top_k, 0), self._geometry.vocab_size) for p in params],
+                dtype=torch.int32,
+                device=device,
+            ),
             top_p=floats([p.top_p for p in params]),
             min_p=floats([p.min_p for p in params]),
             presence_penalty=floats([p.presence_penalty for p in params]),

@@ -20,3 +20,5 @@ async def read_json(req: falcon.asgi.Request, max_bytes: int) -> Any:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise InvalidRequestError(f"the request body is not valid JSON: {error}") from None
+    except RecursionError:
+        raise InvalidRequestError("the request body is nested too deeply") from None

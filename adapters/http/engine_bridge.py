@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 from domain.channel import OutputChannel
@@ -34,7 +35,9 @@ class RequestGroup:
         ready = asyncio.Event()
 
         def wake() -> None:
-            loop.call_soon_threadsafe(ready.set)
+            # Runs on the engine thread; a consumer whose loop has closed is simply gone.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(ready.set)
 
         channels = [OutputChannel(self._capacity, on_ready=wake) for _ in self._requests]
         submitted = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from domain.errors import InvalidRequestError
@@ -30,9 +31,10 @@ def read_int(body: dict, name: str, default: int | None) -> int | None:
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int):
+    number = as_int(value)
+    if number is None:
         raise _fail(name, "an integer")
-    return value
+    return number
 
 
 def read_float(body: dict, name: str, default: float) -> float:
@@ -41,15 +43,15 @@ def read_float(body: dict, name: str, default: float) -> float:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _fail(name, "a number")
-    return float(value)
+    return _to_float(value)
 
 
 def read_str(body: dict, name: str, default: str | None) -> str | None:
     value = body.get(name)
     if value is None:
         return default
-    if not isinstance(value, str):
-        raise _fail(name, "a string")
+    if not is_text(value):
+        raise _fail(name, "a string of valid Unicode")
     return value
 
 
@@ -57,19 +59,20 @@ def read_int_list(body: dict, name: str) -> tuple[int, ...]:
     value = body.get(name)
     if value is None:
         return ()
-    if not isinstance(value, list) or not all(is_int(v) for v in value):
+    numbers = as_int_list(value)
+    if numbers is None:
         raise _fail(name, "a list of integers")
-    return tuple(value)
+    return tuple(numbers)
 
 
 def read_stop(body: dict) -> tuple[str, ...]:
     value = body.get("stop")
     if value is None:
         return ()
-    if isinstance(value, str):
+    if is_text(value):
         return (value,)
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise _fail("stop", "a string or a list of strings")
+    if not isinstance(value, list) or not all(is_text(v) for v in value):
+        raise _fail("stop", "a string or a list of strings, in valid Unicode")
     return tuple(value)
 
 
@@ -81,15 +84,65 @@ def read_logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
         raise _fail("logit_bias", "an object mapping token IDs to numbers")
     pairs = []
     for key, bias in value.items():
+        # int() alone would also take " 7", "+7", "1_0" and non-ASCII digits as token IDs.
+        if not (key.isascii() and key.isdigit()):
+            raise _fail("logit_bias", "an object mapping token IDs to numbers")
         try:
             token_id = int(key)
-        except ValueError:
+        except ValueError:  # more digits than Python converts
             raise _fail("logit_bias", "an object mapping token IDs to numbers") from None
         if isinstance(bias, bool) or not isinstance(bias, (int, float)):
             raise _fail("logit_bias", "an object mapping token IDs to numbers")
-        pairs.append((token_id, float(bias)))
+        pairs.append((token_id, _to_float(bias)))
     return tuple(pairs)
 
 
-def is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def is_text(value: Any) -> bool:
+    """Whether a JSON value is a string of valid Unicode.
+
+    JSON escapes such as `\\ud800` decode to lone surrogates, which Python keeps in a `str` but
+    no tokenizer accepts.
+    """
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def as_int(value: Any) -> int | None:
+    """The integer a JSON value stands for, or None.
+
+    `2.0` counts, as it does for JSON Schema and for vLLM's pydantic models; booleans do not.
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def as_int_list(value: Any) -> list[int] | None:
+    """The integers of a JSON list of integers, or None when it is not one."""
+    if not isinstance(value, list):
+        return None
+    numbers = []
+    for item in value:
+        number = as_int(item)
+        if number is None:
+            return None
+        numbers.append(number)
+    return numbers
+
+
+def _to_float(value: int | float) -> float:
+    # JSON integers are unbounded; one beyond float range reads as infinite, which the domain
+    # rejects with its own message, instead of escaping as an OverflowError (a 500).
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf

@@ -6,7 +6,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from adapters.http.fields import (
-    is_int,
+    as_int,
+    as_int_list,
+    is_text,
     read_bool,
     read_float,
     read_int,
@@ -59,9 +61,13 @@ def chat_job(raw: Any, tokenizer: _Tokenizer) -> GenerationJob:
     except ValueError as error:
         raise InvalidRequestError(f"the chat template failed: {error}", param="messages") from None
     prompt = Prompt(tuple(tokenizer.encode(text, add_special_tokens=False)), text)
+    # Both budgets are read, so a bad value in the one that loses is still a 400.
+    legacy_max_tokens = read_int(body, "max_tokens", None)
+    if legacy_max_tokens is not None and legacy_max_tokens < 1:
+        raise InvalidRequestError("`max_tokens` must be at least 1.", param="max_tokens")
     max_tokens = read_int(body, "max_completion_tokens", None)
     if max_tokens is None:
-        max_tokens = read_int(body, "max_tokens", None)
+        max_tokens = legacy_max_tokens
     return _job(body, (prompt,), max_tokens, echo=False)
 
 
@@ -70,6 +76,7 @@ def _job(
 ) -> GenerationJob:
     if max_tokens is not None and max_tokens < 0:
         raise InvalidRequestError("max_tokens must be non-negative", param="max_tokens")
+    n = read_int(body, "n", 1)
     stream = read_bool(body, "stream", False)
     params = SamplingParams(
         max_tokens=None if max_tokens is None else max(max_tokens, 1),
@@ -94,7 +101,7 @@ def _job(
         prompts=prompts,
         params=params,
         max_tokens=max_tokens,
-        n=read_int(body, "n", 1),
+        n=n,
         echo=echo,
         stream=stream,
         stream_options=_stream_options(body),
@@ -105,13 +112,20 @@ def _refuse_logprobs(body: dict, *, chat: bool) -> None:
     """This build serves no logprob outputs (a K=0 core); any request for them is a 400."""
     for name in _LOGPROB_FIELDS:
         value = body.get(name)
-        if value is None or value is False or (chat and name == "top_logprobs" and value == 0):
+        if value is None or (chat and _asks_no_logprobs(name, value)):
             continue
         raise InvalidRequestError(
             f"`{name}` was requested, but the served model has no logprob outputs "
             "(allow_logprobs is false)",
             param=name,
         )
+
+
+def _asks_no_logprobs(name: str, value: Any) -> bool:
+    """Chat's explicit "no": `logprobs: false` and `top_logprobs: 0` (a boolean is not 0)."""
+    if name == "logprobs":
+        return value is False
+    return name == "top_logprobs" and as_int(value) == 0
 
 
 def _stream_options(body: dict) -> StreamOptions | None:
@@ -129,12 +143,14 @@ def _completion_prompts(raw: Any, tokenizer: _Tokenizer) -> tuple[Prompt, ...]:
     if isinstance(raw, str):
         return (_text_prompt(raw, tokenizer),)
     if isinstance(raw, list) and raw:
-        if all(is_int(item) for item in raw):
-            return (_token_prompt(raw, tokenizer),)
+        token_ids = as_int_list(raw)
+        if token_ids is not None:
+            return (_token_prompt(token_ids, tokenizer),)
         if all(isinstance(item, str) for item in raw):
             return tuple(_text_prompt(item, tokenizer) for item in raw)
-        if all(isinstance(item, list) and item and all(is_int(t) for t in item) for item in raw):
-            return tuple(_token_prompt(item, tokenizer) for item in raw)
+        batch = [as_int_list(item) for item in raw]
+        if all(batch):  # every item is a non-empty list of token IDs
+            return tuple(_token_prompt(token_ids, tokenizer) for token_ids in batch)
     raise InvalidRequestError(
         "`prompt` must be a non-empty string, a list of strings, a list of token IDs or a list "
         "of token ID lists",
@@ -145,6 +161,8 @@ def _completion_prompts(raw: Any, tokenizer: _Tokenizer) -> tuple[Prompt, ...]:
 def _text_prompt(text: str, tokenizer: _Tokenizer) -> Prompt:
     if not text:
         raise InvalidRequestError("the prompt must not be empty", param="prompt")
+    if not is_text(text):
+        raise InvalidRequestError("the prompt must be valid Unicode", param="prompt")
     return Prompt(tuple(tokenizer.encode(text)), text)
 
 
@@ -173,7 +191,7 @@ def _messages(raw: Any) -> list[dict]:
 def _content(raw: Any) -> str:
     if raw is None:
         return ""
-    if isinstance(raw, str):
+    if is_text(raw):
         return raw
     if isinstance(raw, list):
         parts = []
@@ -181,7 +199,7 @@ def _content(raw: Any) -> str:
             if (
                 not isinstance(part, dict)
                 or part.get("type") != "text"
-                or not isinstance(part.get("text"), str)
+                or not is_text(part.get("text"))
             ):
                 raise InvalidRequestError(
                     "message content parts must be text parts", param="messages"
@@ -189,5 +207,6 @@ def _content(raw: Any) -> str:
             parts.append(part["text"])
         return "".join(parts)
     raise InvalidRequestError(
-        "message content must be a string or a list of text parts", param="messages"
+        "message content must be a string of valid Unicode or a list of text parts",
+        param="messages",
     )

@@ -77,7 +77,7 @@ class DetokenizeResource:
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         served = self._holder.served
         body = read_object(await read_json(req, self._settings.max_body_bytes))
-        if "tokens" not in body:
+        if body.get("tokens") is None:
             raise InvalidRequestError("`tokens` is required", param="tokens")
         tokens = read_int_list(body, "tokens")
         vocab_size = served.tokenizer.vocab_size

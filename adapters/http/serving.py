@@ -37,7 +37,7 @@ class ModelHolder:
     """Loads the model on ASGI startup (after gunicorn forks) and stops it on shutdown.
 
     Falcon calls `process_startup` and `process_shutdown` because the holder is registered as
-    middleware; tests may hand in a model that is already loaded.
+    middleware. A model handed in already loaded belongs to the caller, who also stops it.
     """
 
     def __init__(
@@ -57,5 +57,5 @@ class ModelHolder:
             self._served = await asyncio.to_thread(self._loader)
 
     async def process_shutdown(self, scope: dict, event: dict) -> None:
-        if self._served is not None:
+        if self._served is not None and self._loader is not None:
             self._served.stop()

@@ -1,0 +1,1 @@
+"""Contract tests: the HTTP app fuzzed against contracts/openapi.yaml."""

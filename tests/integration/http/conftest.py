@@ -1,0 +1,53 @@
+"""A tiny real model behind the Falcon ASGI app, shared by the HTTP integration tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from falcon import testing
+
+from adapters.cli.asgi import load_served_model
+from adapters.cli.serve_config import ServeConfig
+from adapters.gpu.factory import RunnerSettings
+from adapters.http.app import create_app
+from adapters.http.serving import HttpSettings, ModelHolder, ServedModel
+from tests.support.tiny_serving import build_tiny_model_dir
+
+MODEL_NAME = "tiny"
+MAX_MODEL_LEN = 128
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedModel]:
+    model_dir: Path = build_tiny_model_dir(tmp_path_factory.mktemp("http-tiny"))
+    config = ServeConfig(
+        model=str(model_dir),
+        served_model_name=MODEL_NAME,
+        runner=RunnerSettings(
+            device="cpu",
+            max_num_seqs=8,
+            max_model_len=MAX_MODEL_LEN,
+            kv_cache_bytes=16 << 20,
+            block_size=8,
+        ),
+    )
+    model = load_served_model(config)
+    yield model
+    model.stop()
+
+
+@pytest.fixture(scope="session")
+def app(served: ServedModel):
+    return create_app(ModelHolder(served=served))
+
+
+@pytest.fixture(scope="session")
+def client(app) -> testing.TestClient:
+    return testing.TestClient(app)
+
+
+@pytest.fixture(scope="session")
+def keyed_client(served: ServedModel) -> testing.TestClient:
+    return testing.TestClient(create_app(ModelHolder(served=served), HttpSettings(api_key="sk-1")))
