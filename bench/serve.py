@@ -154,8 +154,14 @@ def served_model(client: httpx2.Client, url: str) -> str:
 
 
 def stream_one(
-    client: httpx2.Client, url: str, model: str, question: str, max_tokens: int
+    client: httpx2.Client,
+    url: str,
+    model: str,
+    question: str,
+    max_tokens: int,
+    extra: dict | None = None,
 ) -> RequestTiming:
+    """Streams one chat request; `extra` adds request fields (e.g. logprobs)."""
     body = {
         "model": model,
         "messages": [{"role": "user", "content": question}],
@@ -164,6 +170,7 @@ def stream_one(
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
+        **(extra or {}),
     }
     started = time.perf_counter()
     first_token_s = None
@@ -196,7 +203,12 @@ def stream_one(
 
 
 def run_level(
-    url: str, model: str, clients: int, requests_per_client: int, max_tokens: int
+    url: str,
+    model: str,
+    clients: int,
+    requests_per_client: int,
+    max_tokens: int,
+    extra: dict | None = None,
 ) -> LevelResult:
     """`clients` threads start together; each streams its requests back to back."""
     start_together = threading.Barrier(clients + 1)
@@ -210,7 +222,7 @@ def run_level(
             for request_index in range(requests_per_client):
                 question = QUESTIONS[(client_index + request_index * clients) % len(QUESTIONS)]
                 try:
-                    timing = stream_one(client, url, model, question, max_tokens)
+                    timing = stream_one(client, url, model, question, max_tokens, extra)
                 except Exception as error:
                     # Kept, not raised: the level reports it once every thread has finished.
                     with lock:

@@ -1,26 +1,32 @@
-"""Turns one choice's committed tokens into released text, applying token and string stops."""
+"""Turns one choice's committed tokens into released text and logprob entries, applying stops."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from domain.detokenizer import IncrementalDetokenizer
-from domain.outputs import ChoiceDelta
+from domain.logprobs import PositionLogprobs
+from domain.outputs import ChoiceDelta, LogprobEntry
 from domain.records import Finish
 from domain.sampling import SamplingParams
-from domain.stops import StopResult, StopStringMatcher
+from domain.stops import StopStringMatcher
 
 if TYPE_CHECKING:  # the domain drives ports but never needs them at run time
     from ports.tokenizer import Tokenizer
 
 
 class ChoiceText:
-    """Text state of one choice: incremental decoder, then stop-string hold-back.
+    """Text and logprob state of one choice: incremental decoder, then stop-string hold-back.
 
-    A terminating stop token (EOS or a `stop_token_ids` entry) stays in `token_ids` but adds text
-    only with `include_stop_str_in_output`; a stop string ends the choice at the token whose text
-    completes it, and later tokens of that frame are dropped.
+    Emission rules:
+    - A terminating stop token (EOS or a `stop_token_ids` entry) stays in `token_ids` but adds
+      text only with `include_stop_str_in_output`, and has no logprob entry.
+    - A stop string ends the choice at the token whose text completes it; later tokens of the
+      frame are dropped, and only tokens whose text starts before the stop keep their entries.
+    - Entries are released with their token's first character (text held back while a stop may
+      be forming holds its entries too), so streamed entries concatenate to the whole result.
     """
 
     def __init__(self, index: int, params: SamplingParams, tokenizer: Tokenizer) -> None:
@@ -36,42 +42,57 @@ class ChoiceText:
         self._matcher = StopStringMatcher(
             params.stop, include_stop_str_in_output=params.include_stop_str_in_output
         )
+        self._released = 0
+        self._pending: deque[LogprobEntry] = deque()
         self.finished = False
         self.num_tokens = 0
 
-    def advance(self, tokens: Sequence[int], finish: Finish) -> ChoiceDelta:
+    def advance(
+        self,
+        tokens: Sequence[int],
+        finish: Finish,
+        positions: Sequence[PositionLogprobs | None] | None = None,
+    ) -> ChoiceDelta:
         """Consumes one record's emitted tokens and returns the delta they release."""
         text: list[str] = []
         kept: list[int] = []
-        for position, token_id in enumerate(tokens):
+        for index, token_id in enumerate(tokens):
             kept.append(token_id)
-            is_last = position == len(tokens) - 1
-            if is_last and finish is Finish.STOP_TOKEN:
+            if index == len(tokens) - 1 and finish is Finish.STOP_TOKEN:
                 if self._params.include_stop_str_in_output:
-                    text.append(self._feed(self._decoder.push(token_id)).text)
+                    text.append(self._feed(self._decoder.push(token_id), None))
                 return self._end(text, kept, "stop", self._stop_reason(token_id))
-            result = self._feed(self._decoder.push(token_id))
-            text.append(result.text)
-            if result.stop is not None:
-                return self._end(text, kept, "stop", result.stop, drain=False)
+            position = positions[index] if positions is not None else None
+            text.append(self._feed(self._decoder.push(token_id), position))
+            if self._matcher.stop is not None:
+                return self._end(text, kept, "stop", self._matcher.stop, drain=False)
         if finish is Finish.LENGTH:
             return self._end(text, kept, "length", None)
         self.num_tokens += len(kept)
-        return ChoiceDelta(self._index, "".join(text), tuple(kept))
+        return ChoiceDelta(self._index, "".join(text), tuple(kept), logprobs=self._release())
 
     def abort(self, reason: str) -> ChoiceDelta:
         self.finished = True
         return ChoiceDelta(self._index, finish_reason=reason)
 
-    def _feed(self, text: str) -> StopResult:
-        return self._matcher.feed(text)
+    def _feed(self, new_text: str, position: PositionLogprobs | None) -> str:
+        """Queues the token's entry at its text offset, then passes its text through the stops."""
+        if position is not None:
+            offset = self._decoder.offset(self._decoder.num_tokens - 1)
+            self._pending.append(LogprobEntry(position, offset))
+        released = self._matcher.feed(new_text).text
+        self._released += len(released)
+        return released
+
+    def _release(self, *, everything: bool = False) -> tuple[LogprobEntry, ...]:
+        entries = []
+        while self._pending and (everything or self._pending[0].text_offset < self._released):
+            entries.append(self._pending.popleft())
+        return tuple(entries)
 
     def _stop_reason(self, token_id: int) -> int | None:
-        return (
-            None
-            if token_id in self._eos and token_id not in self._params.stop_token_ids
-            else token_id
-        )
+        eos_only = token_id in self._eos and token_id not in self._params.stop_token_ids
+        return None if eos_only else token_id
 
     def _end(
         self,
@@ -83,12 +104,16 @@ class ChoiceText:
         drain: bool = True,
     ) -> ChoiceDelta:
         if drain:
-            tail = self._feed(self._decoder.flush())
-            text.append(tail.text)
-            if tail.stop is not None:
-                reason, stop_reason = "stop", tail.stop
+            text.append(self._feed(self._decoder.flush(), None))
+            if self._matcher.stop is not None:
+                reason, stop_reason = "stop", self._matcher.stop
             else:
-                text.append(self._matcher.finish())
+                tail = self._matcher.finish()
+                self._released += len(tail)
+                text.append(tail)
+        # After a stop string only tokens that start before it keep entries; otherwise all do.
+        entries = self._release(everything=self._matcher.stop is None)
+        self._pending.clear()
         self.finished = True
         self.num_tokens += len(kept)
-        return ChoiceDelta(self._index, "".join(text), tuple(kept), reason, stop_reason)
+        return ChoiceDelta(self._index, "".join(text), tuple(kept), reason, stop_reason, entries)

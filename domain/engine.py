@@ -11,9 +11,11 @@ from typing import TYPE_CHECKING
 
 from domain.channel import OutputChannel
 from domain.choice import ChoiceText
+from domain.emission import LogprobDataError, record_positions
 from domain.errors import OverloadedError
+from domain.logprobs import PositionLogprobs
 from domain.outputs import RequestEnd, Usage
-from domain.records import Finish
+from domain.records import CompletionRecord
 from domain.requests import GenerationRequest, fresh_seed
 from domain.scheduler import Scheduler, SchedulerConfig
 from domain.sequence import Sequence
@@ -33,6 +35,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     max_waiting: int = 1024
     channel_capacity: int = 64
+    max_logprobs: int = 20
 
 
 @dataclass(eq=False)
@@ -62,6 +65,8 @@ class Engine:
         self._tokenizer = tokenizer
         self.max_model_len = geometry.max_model_len
         self.vocab_size = geometry.vocab_size
+        self.logprob_top_k = geometry.logprob_top_k
+        self._selects_ids = geometry.selects_logprob_ids
         self._scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=min(self._config.max_num_seqs or geometry.capacity, geometry.capacity),
@@ -83,6 +88,9 @@ class Engine:
     def check(self, request: GenerationRequest) -> None:
         """Raises InvalidRequestError for a request this engine cannot take; admits nothing."""
         request.check_limits(self.vocab_size, self.max_model_len)
+        request.check_logprobs(
+            self.logprob_top_k, self._selects_ids, self._config.max_logprobs, self.vocab_size
+        )
 
     def submit(
         self, request: GenerationRequest, channel: OutputChannel | None = None
@@ -126,11 +134,19 @@ class Engine:
             for entry in failed - {None}:
                 self._fail(entry, f"the model step failed: {error}")
             return
-        for sequence, record in self._scheduler.commit(result.records):
+        for sequence, record, lane in self._scheduler.commit(result.records):
             entry = self._requests.get(sequence.request_id)
             if entry is None or not record.emits:
                 continue
-            self._emit(entry, sequence, record.tokens, record.finish)
+            positions = None
+            if sequence.logprobs is not None:
+                try:
+                    lane_data = result.logprobs[lane] if result.logprobs else None
+                    positions = record_positions(record, lane_data)
+                except LogprobDataError as error:
+                    self._fail(entry, str(error))
+                    continue
+            self._emit(entry, sequence, record, positions)
 
     def _owner(self, slot: int) -> _Request | None:
         for entry in self._requests.values():
@@ -139,11 +155,16 @@ class Engine:
         return None
 
     def _emit(
-        self, entry: _Request, sequence: Sequence, tokens: tuple[int, ...], finish: Finish
+        self,
+        entry: _Request,
+        sequence: Sequence,
+        record: CompletionRecord,
+        positions: tuple[PositionLogprobs | None, ...] | None,
     ) -> None:
         choice = entry.choices[sequence.index]
+        tokens = record.tokens
         try:
-            delta = choice.advance(tokens, finish)
+            delta = choice.advance(tokens, record.finish, positions)
         except Exception as error:  # noqa: BLE001 - one broken request must not stop the engine
             _log.exception("emission failed")
             self._fail(entry, f"output processing failed: {error}")
@@ -152,7 +173,7 @@ class Engine:
             del sequence.outputs[len(sequence.outputs) - len(tokens) + len(delta.token_ids) :]
         if delta.finished:
             self._scheduler.finish(sequence)
-        if delta.text or delta.token_ids or delta.finished:
+        if delta.text or delta.token_ids or delta.finished or delta.logprobs:
             entry.channel.put(delta)
         if entry.done:
             self._close(entry)
@@ -196,6 +217,7 @@ class Engine:
                 stop_token_ids=stops,
                 banned_until_min_tokens=banned,
                 arrival=next(self._arrivals),
+                logprobs=request.logprobs,
             )
             for index in range(request.n)
         ]

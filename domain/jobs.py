@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from domain.errors import InvalidRequestError
+from domain.logprobs import LogprobOptions
 from domain.requests import MAX_CHOICES
 from domain.sampling import SamplingParams
 
@@ -41,6 +42,8 @@ class GenerationJob:
     echo: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
+    logprobs: LogprobOptions | None = None
+    return_tokens_as_token_ids: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.n <= MAX_CHOICES:
@@ -56,6 +59,12 @@ class GenerationJob:
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError(
                 "Stream options can only be defined when `stream=True`.", param="stream_options"
+            )
+        if self.echo and self.logprobs is not None:
+            raise InvalidRequestError(
+                "`echo` with `logprobs` needs prompt logprobs, which need prompt scoring; this "
+                "server does not run it",
+                param="echo",
             )
         if self.max_tokens == 0 and not self.echo:
             raise InvalidRequestError(

@@ -4,6 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from domain.logprobs import PositionLogprobs
+
+
+@dataclass(frozen=True, slots=True)
+class LogprobEntry:
+    """The logprobs of one emitted token, with the character offset of its text in the choice."""
+
+    position: PositionLogprobs
+    text_offset: int
+
 
 @dataclass(frozen=True, slots=True)
 class ChoiceDelta:
@@ -14,6 +24,7 @@ class ChoiceDelta:
     token_ids: tuple[int, ...] = ()
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    logprobs: tuple[LogprobEntry, ...] = ()
 
     def merge(self, later: ChoiceDelta) -> ChoiceDelta:
         """One delta with the content of both, as if the consumer had read them together."""
@@ -25,6 +36,7 @@ class ChoiceDelta:
             self.token_ids + later.token_ids,
             later.finish_reason,
             later.stop_reason,
+            self.logprobs + later.logprobs,
         )
 
     @property

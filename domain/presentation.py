@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from domain.errors import DomainError
-from domain.outputs import ChoiceDelta, Usage
+from domain.outputs import ChoiceDelta, LogprobEntry, Usage
 
 
 def usage_object(usage: Usage) -> dict:
@@ -37,10 +37,12 @@ class ChoiceResult:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    logprobs: list[LogprobEntry] = field(default_factory=list)
 
     def add(self, delta: ChoiceDelta) -> None:
         self.text += delta.text
         self.token_ids.extend(delta.token_ids)
+        self.logprobs.extend(delta.logprobs)
         if delta.finished:
             self.finish_reason = delta.finish_reason
             self.stop_reason = delta.stop_reason
@@ -55,11 +57,13 @@ class ResponseHeader:
     model: str
 
 
-def completion_choice(choice: ChoiceResult, *, prefix: str = "") -> dict:
+def completion_choice(
+    choice: ChoiceResult, *, prefix: str = "", logprobs: dict | None = None
+) -> dict:
     return {
         "index": choice.index,
         "text": prefix + choice.text,
-        "logprobs": None,
+        "logprobs": logprobs,
         "finish_reason": choice.finish_reason,
         "stop_reason": choice.stop_reason,
         "prompt_logprobs": None,
@@ -84,6 +88,7 @@ def completion_chunk(
     finish_reason: str | None = None,
     stop_reason: str | int | None = None,
     usage: Usage | None = None,
+    logprobs: dict | None = None,
 ) -> dict:
     chunk = {
         "id": header.id,
@@ -94,7 +99,7 @@ def completion_chunk(
             {
                 "index": index,
                 "text": text,
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": finish_reason,
                 "stop_reason": stop_reason,
             }
@@ -117,11 +122,11 @@ def usage_chunk(header: ResponseHeader, usage: Usage, *, chat: bool) -> dict:
     }
 
 
-def chat_choice(choice: ChoiceResult) -> dict:
+def chat_choice(choice: ChoiceResult, logprobs: dict | None = None) -> dict:
     return {
         "index": choice.index,
         "message": {"role": "assistant", "content": choice.text, "tool_calls": []},
-        "logprobs": None,
+        "logprobs": logprobs,
         "finish_reason": choice.finish_reason,
         "stop_reason": choice.stop_reason,
     }
@@ -145,6 +150,7 @@ def chat_chunk(
     finish_reason: str | None = None,
     stop_reason: str | int | None = None,
     usage: Usage | None = None,
+    logprobs: dict | None = None,
 ) -> dict:
     chunk = {
         "id": header.id,
@@ -155,7 +161,7 @@ def chat_chunk(
             {
                 "index": index,
                 "delta": delta,
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": finish_reason,
                 "stop_reason": stop_reason,
             }

@@ -6,6 +6,7 @@ import random
 from dataclasses import dataclass
 
 from domain.errors import InvalidRequestError
+from domain.logprobs import MAX_SELECTED_IDS, LogprobOptions
 from domain.sampling import SamplingParams
 
 MAX_CHOICES = 16
@@ -21,6 +22,7 @@ class GenerationRequest:
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams
     n: int = 1
+    logprobs: LogprobOptions | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -60,6 +62,52 @@ class GenerationRequest:
                 f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the prompt, "
                 f"{max_tokens} in the completion)",
                 param="max_tokens",
+            )
+
+    def check_logprobs(
+        self, top_k: int, selects_ids: bool, max_logprobs: int, vocab_size: int
+    ) -> None:
+        """Rejects logprob requests the loaded core or the server limit cannot serve."""
+        options = self.logprobs
+        if options is None:
+            return
+        if top_k == 0:
+            raise InvalidRequestError(
+                "`logprobs` was requested, but the served model has no logprob outputs "
+                "(allow_logprobs is false)",
+                param="logprobs",
+            )
+        limit = min(max_logprobs, top_k)
+        if not 0 <= options.top_k <= limit:
+            raise InvalidRequestError(
+                f"Requested sample logprobs of {options.top_k}, which is greater than max "
+                f"allowed: {limit}",
+                param="logprobs",
+            )
+        ids = options.token_ids
+        if not ids:
+            return
+        if not selects_ids:
+            raise InvalidRequestError(
+                "`logprob_token_ids` needs a core with selected-ID inputs; the served core "
+                "reports natural alternatives only",
+                param="logprob_token_ids",
+            )
+        if len(ids) > MAX_SELECTED_IDS:
+            raise InvalidRequestError(
+                f"Requested logprob_token_ids of length {len(ids)}, which is greater than max "
+                f"allowed: {MAX_SELECTED_IDS}",
+                param="logprob_token_ids",
+            )
+        if len(set(ids)) != len(ids):
+            raise InvalidRequestError(
+                "`logprob_token_ids` must be distinct", param="logprob_token_ids"
+            )
+        bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError(
+                f"logprob token ID {bad} is outside the vocabulary of {vocab_size}",
+                param="logprob_token_ids",
             )
 
     def choice_seed(self, index: int, fallback: int) -> int:

@@ -106,17 +106,18 @@ class Scheduler:
 
     def commit(
         self, records: tuple[CompletionRecord, ...]
-    ) -> list[tuple[Sequence, CompletionRecord]]:
-        """Advances sequences from their records; stale or unknown lanes are ignored."""
+    ) -> list[tuple[Sequence, CompletionRecord, int]]:
+        """Advances sequences from their records, returning each with its lane index; stale or
+        unknown lanes are ignored."""
         advanced = []
-        for record in records:
+        for lane, record in enumerate(records):
             sequence = self._by_slot.get(record.slot)
             if sequence is None or sequence.epoch != record.epoch or not sequence.in_flight:
                 continue
             sequence.num_computed += sequence.in_flight
             sequence.in_flight = 0
             sequence.outputs.extend(record.tokens)
-            advanced.append((sequence, record))
+            advanced.append((sequence, record, lane))
         return advanced
 
     def finish(self, sequence: Sequence) -> None:
@@ -186,4 +187,5 @@ class Scheduler:
             stop_token_ids=sequence.stop_token_ids,
             banned_token_ids=banned,
             remaining=max(sequence.remaining, 1),
+            logprobs=sequence.logprobs if sample else None,
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from domain.logprobs import LogprobOptions
 from domain.sampling import SamplingParams
 
 
@@ -39,6 +40,7 @@ class Sequence:
     num_computed: int = 0
     in_flight: int = 0
     num_preemptions: int = 0
+    logprobs: LogprobOptions | None = None
 
     @property
     def num_tokens(self) -> int:

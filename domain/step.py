@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from domain.logprobs import LogprobOptions
 from domain.sampling import SamplingParams
 
 
@@ -17,6 +18,8 @@ class ExecutorGeometry:
     vocab_size: int
     max_model_len: int
     token_capacity: int
+    logprob_top_k: int = 0
+    selects_logprob_ids: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -54,6 +57,7 @@ class SlotWork:
     stop_token_ids: frozenset[int] = frozenset()
     banned_token_ids: tuple[int, ...] = ()
     remaining: int = 1
+    logprobs: LogprobOptions | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:

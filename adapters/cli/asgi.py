@@ -20,13 +20,19 @@ def load_served_model(config: ServeConfig) -> ServedModel:
     loaded = bootstrap.load(
         config.model,
         config.runner,
-        EngineConfig(max_num_batched_tokens=config.max_num_batched_tokens),
+        EngineConfig(
+            max_num_batched_tokens=config.max_num_batched_tokens, max_logprobs=config.max_logprobs
+        ),
         config.served_model_name,
     )
     loop = EngineLoop(loaded.engine)
     loop.start()
     return ServedModel(
-        name=loaded.name, tokenizer=loaded.tokenizer, engine=loaded.engine, stop=loop.stop
+        name=loaded.name,
+        tokenizer=loaded.tokenizer,
+        engine=loaded.engine,
+        allow_logprobs=loaded.engine.logprob_top_k > 0,
+        stop=loop.stop,
     )
 
 

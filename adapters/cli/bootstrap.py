@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from adapters.gpu.default_model import resolve_model_dir
+from adapters.core.export import resolve_core
 from adapters.gpu.factory import RunnerSettings, build_executor
 from adapters.tokenizer.hf import HfTokenizer
 from domain.engine import Engine, EngineConfig
@@ -28,15 +28,13 @@ def load(
     served_model_name: str | None = None,
 ) -> LoadedModel:
     """Resolves the model (None means the embedded SmolLM2), loads it and builds the engine."""
-    model_dir = resolve_model_dir(model)
+    core = resolve_core(model, max_num_seqs=runner.max_num_seqs,
+                        token_capacity=runner.token_capacity)
+    model_dir = core.model_dir
     tokenizer = HfTokenizer.from_dir(model_dir)
-    executor = build_executor(model_dir, runner, tokenizer.vocab_size)
-    config = EngineConfig(
-        max_num_seqs=runner.max_num_seqs,
-        max_num_batched_tokens=engine_config.max_num_batched_tokens,
-        max_waiting=engine_config.max_waiting,
-        channel_capacity=engine_config.channel_capacity,
-    )
-    engine = Engine(executor, tokenizer, config)
+    executor = build_executor(model_dir, runner, tokenizer.vocab_size,
+                              capability=core.capability, capacity=core.capacity,
+                              token_capacity=core.token_capacity)
+    engine = Engine(executor, tokenizer, replace(engine_config, max_num_seqs=runner.max_num_seqs))
     name = served_model_name or (model if model else "SmolLM2-135M-Instruct")
     return LoadedModel(engine, tokenizer, name, model_dir)

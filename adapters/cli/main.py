@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from adapters.cli import generate, serve
+from adapters.cli import export, generate, serve
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -14,6 +14,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     generate.add_parser(commands)
     serve.add_parser(commands)
+    export.add_parser(commands)
     return parser
 
 

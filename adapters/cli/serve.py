@@ -25,6 +25,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--served-model-name", default=None)
     parser.add_argument("--api-key", default=os.environ.get("HELIOS_API_KEY"))
     parser.add_argument(
+        "--max-logprobs",
+        type=int,
+        default=20,
+        help="largest logprobs/top_logprobs a request may ask (never above K)",
+    )
+    parser.add_argument(
         "--timeout",
         type=int,
         default=300,
@@ -57,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         served_model_name=args.served_model_name,
         api_key=args.api_key,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        max_logprobs=args.max_logprobs,
         runner=runner_settings(args),
     )
     os.environ[ENVIRONMENT_VARIABLE] = config.to_environment()

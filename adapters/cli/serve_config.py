@@ -19,6 +19,7 @@ class ServeConfig:
     served_model_name: str | None = None
     api_key: str | None = None
     max_num_batched_tokens: int = 512
+    max_logprobs: int = 20
     runner: RunnerSettings = field(default_factory=RunnerSettings)
 
     def to_environment(self) -> str:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import torch
 
+from adapters.gpu.completion_outputs import CompletionOutputs
 from adapters.gpu.forward_batch import ForwardBatch, SequenceChunk
 from adapters.gpu.kv_cache import PagedKVCache
 from adapters.gpu.model import DecoderModel
 from adapters.gpu.penalty_state import PenaltyState
 from adapters.gpu.sampler import Sampler, SamplingTensors
-from domain.records import HEADER_WORDS, CompletionRecord, Finish, Role
+from domain.records import CompletionRecord, Finish, Role
 from domain.step import ExecutorGeometry, SlotWork, StepPlan
 from ports.executor import FrameResult
 
@@ -35,10 +36,8 @@ class TorchExecutor:
         self._device = device
         self._sampler = Sampler()
         self._penalties = PenaltyState(geometry.capacity, geometry.vocab_size, device)
-        words = HEADER_WORDS + geometry.token_capacity
         # Two frames so a reader can hold one while the next submission writes the other.
-        self._records = torch.zeros((2, geometry.capacity, words), dtype=torch.int64)  # host int64
-        self._frame_lanes: list[tuple[int, ...]] = [(), ()]
+        self._outputs = CompletionOutputs(geometry, device)
         self._next_frame = 0
 
     @property
@@ -54,18 +53,15 @@ class TorchExecutor:
                     f"slot {work.slot} is outside the capacity {self._geometry.capacity}"
                 )
             self._penalties.observe(work)
-        sampled = self._forward(plan)
+        sampled = self._forward(frame, plan)
         self._commit(frame, plan, sampled)
         return frame
 
     def read(self, frame: int) -> FrameResult:
-        lanes = self._frame_lanes[frame]
-        rows = self._records[frame, list(lanes)].tolist() if lanes else []
-        self._frame_lanes[frame] = ()
-        return FrameResult(frame, tuple(CompletionRecord.decode(words) for words in rows))
+        return self._outputs.read(frame)
 
     @torch.inference_mode()
-    def _forward(self, plan: StepPlan) -> list[int]:
+    def _forward(self, frame: int, plan: StepPlan) -> list[int]:
         chunks = [SequenceChunk(w.token_ids, w.start_position, w.block_table) for w in plan.works]
         batch = ForwardBatch.build(chunks, self._geometry.block_size, self._device)
         hidden = self._model(batch, self._kv_cache)
@@ -73,9 +69,14 @@ class TorchExecutor:
         if not sampling:
             return []
         rows = batch.last_rows[torch.tensor(sampling, dtype=torch.int64, device=self._device)]
-        logits = self._model.compute_logits(hidden[rows])[:, : self._geometry.vocab_size]
+        raw_logits = self._model.compute_logits(hidden[rows])  # [R, V_model] float32
         works = [plan.works[index] for index in sampling]
+        requesting = self._outputs.upload(frame, works)
+        logits = raw_logits[:, : self._geometry.vocab_size]
         tokens = self._sampler.sample(logits, self._sampling_tensors(works))
+        if requesting:
+            # The reduction reads the raw logits, never the sampler's processed scratch.
+            self._outputs.reduce(frame, raw_logits, works, tokens)
         return tokens.tolist()
 
     def _sampling_tensors(self, works: list[SlotWork]) -> SamplingTensors:
@@ -125,7 +126,7 @@ class TorchExecutor:
 
     def _commit(self, frame: int, plan: StepPlan, sampled: list[int]) -> None:
         tokens = iter(sampled)
-        capacity = self._geometry.token_capacity
+        records = []
         for work in plan.works:
             if work.sample:
                 token_id = next(tokens)
@@ -134,26 +135,27 @@ class TorchExecutor:
                     finish = Finish.STOP_TOKEN
                 elif work.remaining <= 1:
                     finish = Finish.LENGTH
-                record = CompletionRecord(
-                    slot=work.slot,
-                    epoch=work.epoch,
-                    role=Role.SAMPLE,
-                    tokens=(token_id,),
-                    first_position=work.end_position,
-                    finish=finish,
-                    generated_total=work.end_position - work.prompt_len + 1,
+                records.append(
+                    CompletionRecord(
+                        slot=work.slot,
+                        epoch=work.epoch,
+                        role=Role.SAMPLE,
+                        tokens=(token_id,),
+                        first_position=work.end_position,
+                        finish=finish,
+                        generated_total=work.end_position - work.prompt_len + 1,
+                    )
                 )
             else:
-                record = CompletionRecord(
-                    slot=work.slot,
-                    epoch=work.epoch,
-                    role=Role.PROMPT,
-                    first_position=work.end_position,
+                records.append(
+                    CompletionRecord(
+                        slot=work.slot,
+                        epoch=work.epoch,
+                        role=Role.PROMPT,
+                        first_position=work.end_position,
+                    )
                 )
-            self._records[frame, work.slot] = torch.tensor(
-                record.encode(capacity), dtype=torch.int64
-            )
-        self._frame_lanes[frame] = tuple(work.slot for work in plan.works)
+        self._outputs.commit(frame, records)
 
 
 def _signed64(seed: int) -> int:

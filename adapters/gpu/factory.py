@@ -12,6 +12,7 @@ from adapters.gpu.kv_cache import PagedKVCache
 from adapters.gpu.model_config import ModelConfig
 from adapters.gpu.weights import load_model
 from domain.blocks import blocks_needed
+from domain.capabilities import FULL_LOGPROBS, LogprobCapability
 from domain.records import resolve_token_capacity
 from domain.step import ExecutorGeometry
 
@@ -62,11 +63,28 @@ def _default_kv_bytes(device: torch.device) -> int:
     return 1 << 30
 
 
-def build_executor(model_dir: Path, settings: RunnerSettings, vocab_size: int) -> TorchExecutor:
-    """Loads the weights and sizes the KV pool; `vocab_size` is the tokenizer's real vocabulary."""
+def build_executor(
+    model_dir: Path,
+    settings: RunnerSettings,
+    vocab_size: int,
+    *,
+    capability: LogprobCapability = FULL_LOGPROBS,
+    capacity: int | None = None,
+    token_capacity: int | None = None,
+) -> TorchExecutor:
+    """Loads the weights and sizes the KV pool; `vocab_size` is the tokenizer's real vocabulary.
+
+    A core fixes the logprob capability, the padded slot capacity and T; a plain model directory
+    serves the complete bundle (K = 20 natural alternatives plus selected IDs), as every export
+    does, with the capacity padded up from `--max-num-seqs`.
+    """
     device = settings.resolve_device()
     dtype = settings.resolve_dtype(device)
     config = ModelConfig.from_dir(model_dir)
+    capacity = capacity or padded_capacity(settings.max_num_seqs)
+    if settings.max_num_seqs > capacity:
+        raise ValueError(f"--max-num-seqs {settings.max_num_seqs} exceeds the core's slot "
+                         f"capacity {capacity}; export the core with a larger --max-num-seqs")
     model = load_model(model_dir, dtype=dtype, device=device)
     max_model_len = settings.max_model_len or config.max_position_embeddings
     if max_model_len > config.max_position_embeddings:
@@ -84,11 +102,13 @@ def build_executor(model_dir: Path, settings: RunnerSettings, vocab_size: int) -
         )
     kv_cache = PagedKVCache.allocate(config, num_blocks, settings.block_size, dtype, device)
     geometry = ExecutorGeometry(
-        capacity=padded_capacity(settings.max_num_seqs),
+        capacity=capacity,
         block_size=settings.block_size,
         num_blocks=num_blocks,
         vocab_size=min(vocab_size, config.vocab_size),
         max_model_len=max_model_len,
-        token_capacity=resolve_token_capacity(settings.token_capacity),
+        token_capacity=resolve_token_capacity(token_capacity or settings.token_capacity),
+        logprob_top_k=capability.top_k,
+        selects_logprob_ids=capability.selects_ids,
     )
     return TorchExecutor(model, kv_cache, geometry, device)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import falcon.asgi
 from falcon.asgi import SSEvent
@@ -15,7 +15,8 @@ from adapters.http.serving import HttpSettings, ModelHolder
 from adapters.http.sse import done_event, error_event, json_event
 from domain.errors import DomainError
 from domain.jobs import GenerationJob
-from domain.outputs import Usage
+from domain.logprob_presentation import TokenRendering, chat_logprobs
+from domain.outputs import LogprobEntry, Usage
 from domain.presentation import ResponseHeader, chat_choice, chat_chunk, chat_response, usage_chunk
 
 
@@ -29,15 +30,25 @@ class ChatCompletionsResource:
         job = chat_job(await read_json(req, self._settings.max_body_bytes), served.tokenizer)
         header = generation.start(job, served, "chatcmpl")
         group = generation.request_group(job, served, header, self._settings.channel_capacity)
+        rendering = generation.rendering(job, served)
         if job.stream:
-            resp.sse = _stream(header, job, group)
+            resp.sse = _stream(header, job, group, rendering)
             return
         choices, usage = await generation.collect(group, job)
-        resp.media = chat_response(header, [chat_choice(c) for c in choices], usage)
+        body = [chat_choice(c, _logprobs(job, c.logprobs, rendering)) for c in choices]
+        resp.media = chat_response(header, body, usage)
+
+
+def _logprobs(
+    job: GenerationJob, entries: Sequence[LogprobEntry], rendering: TokenRendering
+) -> dict | None:
+    if job.logprobs is None:
+        return None
+    return chat_logprobs(entries, job.logprobs, rendering)
 
 
 async def _stream(
-    header: ResponseHeader, job: GenerationJob, group: RequestGroup
+    header: ResponseHeader, job: GenerationJob, group: RequestGroup, rendering: TokenRendering
 ) -> AsyncIterator[SSEvent]:
     prompt_tokens = len(job.prompts[0].token_ids)
     completion_tokens = 0
@@ -49,13 +60,20 @@ async def _stream(
                 continue
             delta = event.delta
             completion_tokens += len(delta.token_ids)
-            if not delta.text and not delta.finished:
+            if not delta.text and not delta.finished and not delta.logprobs:
                 continue
             usage = Usage(prompt_tokens, completion_tokens) if job.continuous_usage else None
             content = {"content": delta.text} if delta.text else {}
+            logprobs = _logprobs(job, delta.logprobs, rendering)
             yield json_event(
                 chat_chunk(
-                    header, event.choice, content, delta.finish_reason, delta.stop_reason, usage
+                    header,
+                    event.choice,
+                    content,
+                    delta.finish_reason,
+                    delta.stop_reason,
+                    usage,
+                    logprobs,
                 )
             )
     except DomainError as error:

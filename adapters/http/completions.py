@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import falcon.asgi
 from falcon.asgi import SSEvent
@@ -15,7 +15,8 @@ from adapters.http.serving import HttpSettings, ModelHolder
 from adapters.http.sse import done_event, error_event, json_event
 from domain.errors import DomainError
 from domain.jobs import GenerationJob
-from domain.outputs import Usage
+from domain.logprob_presentation import TokenRendering, completion_logprobs
+from domain.outputs import LogprobEntry, Usage
 from domain.presentation import (
     ChoiceResult,
     ResponseHeader,
@@ -48,12 +49,26 @@ class CompletionsResource:
                 resp.media = completion_response(header, result, generation.prompt_usage(job))
             return
         group = generation.request_group(job, served, header, self._settings.channel_capacity)
+        rendering = generation.rendering(job, served)
         if job.stream:
-            resp.sse = _stream(header, job, group)
+            resp.sse = _stream(header, job, group, rendering)
             return
         choices, usage = await generation.collect(group, job)
-        body = [completion_choice(c, prefix=_echo_prefix(job, c.index)) for c in choices]
+        body = [
+            completion_choice(
+                c, prefix=_echo_prefix(job, c.index), logprobs=_logprobs(job, c.logprobs, rendering)
+            )
+            for c in choices
+        ]
         resp.media = completion_response(header, body, usage)
+
+
+def _logprobs(
+    job: GenerationJob, entries: Sequence[LogprobEntry], rendering: TokenRendering
+) -> dict | None:
+    if job.logprobs is None:
+        return None
+    return completion_logprobs(entries, job.logprobs, rendering)
 
 
 def _echo_prefix(job: GenerationJob, index: int) -> str:
@@ -79,7 +94,7 @@ async def _echo_only_events(
 
 
 async def _stream(
-    header: ResponseHeader, job: GenerationJob, group: RequestGroup
+    header: ResponseHeader, job: GenerationJob, group: RequestGroup, rendering: TokenRendering
 ) -> AsyncIterator[SSEvent]:
     started: set[int] = set()
     prompt_tokens = sum(len(p.token_ids) for p in job.prompts)
@@ -94,12 +109,19 @@ async def _stream(
             if event.choice not in started:
                 started.add(event.choice)
                 text = _echo_prefix(job, event.choice) + text
-            if not text and not delta.finished:
+            if not text and not delta.finished and not delta.logprobs:
                 continue
             usage = Usage(prompt_tokens, completion_tokens) if job.continuous_usage else None
+            logprobs = _logprobs(job, delta.logprobs, rendering)
             yield json_event(
                 completion_chunk(
-                    header, event.choice, text, delta.finish_reason, delta.stop_reason, usage
+                    header,
+                    event.choice,
+                    text,
+                    delta.finish_reason,
+                    delta.stop_reason,
+                    usage,
+                    logprobs,
                 )
             )
     except DomainError as error:

@@ -11,6 +11,7 @@ from adapters.http.engine_bridge import RequestGroup
 from adapters.http.serving import ServedModel
 from domain.errors import NotFoundError, RequestFailedError
 from domain.jobs import GenerationJob
+from domain.logprob_presentation import TokenRendering
 from domain.outputs import ChoiceDelta, RequestEnd, Usage
 from domain.presentation import ChoiceResult, ResponseHeader
 from domain.requests import GenerationRequest
@@ -27,7 +28,9 @@ def request_group(
     job: GenerationJob, served: ServedModel, header: ResponseHeader, capacity: int
 ) -> RequestGroup:
     requests = [
-        GenerationRequest(f"{header.id}-{index}", prompt.token_ids, job.params, job.n)
+        GenerationRequest(
+            f"{header.id}-{index}", prompt.token_ids, job.params, job.n, logprobs=job.logprobs
+        )
         for index, prompt in enumerate(job.prompts)
     ]
     return RequestGroup(served.engine, requests, capacity)
@@ -65,6 +68,10 @@ async def collect(group: RequestGroup, job: GenerationJob) -> tuple[list[ChoiceR
         else:
             choices[event.choice].add(event.delta)
     return choices, Usage(prompt_tokens, completion_tokens)
+
+
+def rendering(job: GenerationJob, served: ServedModel) -> TokenRendering:
+    return TokenRendering(served.tokenizer.token_bytes, job.return_tokens_as_token_ids)
 
 
 def prompt_usage(job: GenerationJob) -> Usage:

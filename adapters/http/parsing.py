@@ -6,7 +6,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from adapters.http.fields import (
-    as_int,
     as_int_list,
     is_text,
     read_bool,
@@ -20,10 +19,10 @@ from adapters.http.fields import (
 )
 from domain.errors import InvalidRequestError
 from domain.jobs import GenerationJob, Prompt, StreamOptions
+from domain.logprobs import LogprobOptions
 from domain.sampling import SamplingParams
 
 _ROLES = ("system", "user", "assistant", "developer", "tool")
-_LOGPROB_FIELDS = ("logprobs", "top_logprobs", "prompt_logprobs", "logprob_token_ids")
 
 
 class _Tokenizer(Protocol):
@@ -41,19 +40,32 @@ class _Tokenizer(Protocol):
 
 def completion_job(raw: Any, tokenizer: _Tokenizer) -> GenerationJob:
     body = read_object(raw)
-    _refuse_logprobs(body, chat=False)
     max_tokens = read_int(body, "max_tokens", 16)
+    top_k = read_int(body, "logprobs", None)
+    if top_k is not None and top_k < 0:
+        raise InvalidRequestError("`logprobs` must be a positive value or 0.", param="logprobs")
     return _job(
         body,
         _completion_prompts(body.get("prompt"), tokenizer),
         max_tokens,
         echo=read_bool(body, "echo", False),
+        logprobs=_logprob_options(body, top_k, requested=top_k is not None),
     )
 
 
 def chat_job(raw: Any, tokenizer: _Tokenizer) -> GenerationJob:
     body = read_object(raw)
-    _refuse_logprobs(body, chat=True)
+    wants = read_bool(body, "logprobs", False)
+    top_k = read_int(body, "top_logprobs", None)
+    if top_k is not None and top_k < 0:
+        raise InvalidRequestError(
+            "`top_logprobs` must be a positive value or 0.", param="top_logprobs"
+        )
+    if top_k and not wants:
+        raise InvalidRequestError(
+            "when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs"
+        )
+    logprobs = _logprob_options(body, top_k or 0, requested=wants)
     messages = _messages(body.get("messages"))
     add_generation_prompt = read_bool(body, "add_generation_prompt", True)
     try:
@@ -68,12 +80,22 @@ def chat_job(raw: Any, tokenizer: _Tokenizer) -> GenerationJob:
     max_tokens = read_int(body, "max_completion_tokens", None)
     if max_tokens is None:
         max_tokens = legacy_max_tokens
-    return _job(body, (prompt,), max_tokens, echo=False)
+    return _job(body, (prompt,), max_tokens, echo=False, logprobs=logprobs)
 
 
 def _job(
-    body: dict, prompts: tuple[Prompt, ...], max_tokens: int | None, *, echo: bool
+    body: dict,
+    prompts: tuple[Prompt, ...],
+    max_tokens: int | None,
+    *,
+    echo: bool,
+    logprobs: LogprobOptions | None,
 ) -> GenerationJob:
+    if body.get("prompt_logprobs") is not None:
+        raise InvalidRequestError(
+            "`prompt_logprobs` needs prompt scoring, which this server does not run",
+            param="prompt_logprobs",
+        )
     if max_tokens is not None and max_tokens < 0:
         raise InvalidRequestError("max_tokens must be non-negative", param="max_tokens")
     n = read_int(body, "n", 1)
@@ -105,27 +127,25 @@ def _job(
         echo=echo,
         stream=stream,
         stream_options=_stream_options(body),
+        logprobs=logprobs,
+        return_tokens_as_token_ids=read_bool(body, "return_tokens_as_token_ids", False),
     )
 
 
-def _refuse_logprobs(body: dict, *, chat: bool) -> None:
-    """This build serves no logprob outputs (a K=0 core); any request for them is a 400."""
-    for name in _LOGPROB_FIELDS:
-        value = body.get(name)
-        if value is None or (chat and _asks_no_logprobs(name, value)):
-            continue
+def _logprob_options(body: dict, top_k: int | None, *, requested: bool) -> LogprobOptions | None:
+    """The request's logprob ask; `logprob_token_ids` only together with `logprobs`."""
+    token_ids = read_int_list(body, "logprob_token_ids")
+    if "logprob_token_ids" in body and body["logprob_token_ids"] is not None and not token_ids:
         raise InvalidRequestError(
-            f"`{name}` was requested, but the served model has no logprob outputs "
-            "(allow_logprobs is false)",
-            param=name,
+            "`logprob_token_ids` must not be empty.", param="logprob_token_ids"
         )
-
-
-def _asks_no_logprobs(name: str, value: Any) -> bool:
-    """Chat's explicit "no": `logprobs: false` and `top_logprobs: 0` (a boolean is not 0)."""
-    if name == "logprobs":
-        return value is False
-    return name == "top_logprobs" and as_int(value) == 0
+    if token_ids and not requested:
+        raise InvalidRequestError(
+            "when using `logprob_token_ids`, `logprobs` must be set.", param="logprob_token_ids"
+        )
+    if not requested:
+        return None
+    return LogprobOptions(top_k=top_k or 0, token_ids=token_ids)
 
 
 def _stream_options(body: dict) -> StreamOptions | None:

@@ -20,8 +20,13 @@ MAX_MODEL_LEN = 128
 
 
 @pytest.fixture(scope="session")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedModel]:
-    model_dir: Path = build_tiny_model_dir(tmp_path_factory.mktemp("http-tiny"))
+def http_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model_dir(tmp_path_factory.mktemp("http-tiny"))
+
+
+@pytest.fixture(scope="session")
+def served(http_model_dir: Path) -> Iterator[ServedModel]:
+    model_dir = http_model_dir
     config = ServeConfig(
         model=str(model_dir),
         served_model_name=MODEL_NAME,

@@ -132,22 +132,6 @@ def test_max_tokens_zero_without_echo_is_a_400(client):
     )
 
 
-@pytest.mark.parametrize("field", ["logprobs", "prompt_logprobs"])
-def test_logprob_requests_are_a_400_on_a_core_without_logprob_outputs(client, field):
-    result = client.simulate_post("/v1/completions", json={"prompt": "x", field: 1})
-
-    assert_error(result, 400, field)
-
-
-def test_chat_top_logprobs_are_a_400_on_a_core_without_logprob_outputs(client):
-    result = client.simulate_post(
-        "/v1/chat/completions",
-        json={"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 2},
-    )
-
-    assert_error(result, 400, "logprobs")
-
-
 def test_an_oversized_body_is_a_413(client):
     result = client.simulate_post(
         "/v1/completions",
@@ -184,7 +168,9 @@ def test_the_server_keeps_serving_after_every_kind_of_bad_request(client):
 
 
 def test_min_tokens_beyond_the_room_left_in_the_model_is_a_400(client):
-    result = client.simulate_post("/v1/chat/completions", json={
-        "messages": [{"role": "user", "content": "x"}], "min_tokens": MAX_MODEL_LEN})
+    result = client.simulate_post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "x"}], "min_tokens": MAX_MODEL_LEN},
+    )
 
     assert_error(result, 400, "min_tokens")

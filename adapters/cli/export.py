@@ -1,0 +1,75 @@
+"""`helios export`: writes a model as a core directory with the chosen logprob outputs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from adapters.core.export import export_core
+from adapters.core.manifest import LOGPROB_LEVELS
+from domain.capabilities import CoreValidationError
+from domain.logprobs import NATURAL_TOP_K
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("export", help="export a model as a core directory")
+    parser.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        metavar="MODEL",
+        help="model directory, .gguf file or core (default: the embedded SmolLM2-135M)",
+    )
+    parser.add_argument("--output", required=True, help="the core directory to create")
+    parser.add_argument(
+        "--logprobs",
+        choices=LOGPROB_LEVELS,
+        default="full",
+        help="logprob outputs: none, natural alternatives only, or the full contract (default)",
+    )
+    parser.add_argument(
+        "--top-k",
+        type=int,
+        default=NATURAL_TOP_K,
+        help=f"natural alternatives K, 1..{NATURAL_TOP_K} (natural cores; full cores need "
+        f"{NATURAL_TOP_K})",
+    )
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=16,
+        help="requests served at once; the core's capacity pads it to a multiple of 8",
+    )
+    parser.add_argument(
+        "--token-capacity",
+        type=int,
+        default=0,
+        help="T, token words per completion record (0: the default, 8)",
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        core = export_core(
+            args.model,
+            args.output,
+            logprobs=args.logprobs,
+            top_k=args.top_k,
+            max_num_seqs=args.max_num_seqs,
+            token_capacity=args.token_capacity,
+        )
+    except (CoreValidationError, ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    capability = core.capability
+    logprobs = (
+        "no logprobs"
+        if not capability.enabled
+        else f"K={capability.top_k}" + (" and selected IDs" if capability.selects_ids else "")
+    )
+    print(
+        f"exported core to {args.output}: capacity {core.capacity}, "
+        f"T={core.token_capacity}, {logprobs}"
+    )
+    return 0

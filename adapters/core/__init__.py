@@ -1,0 +1,1 @@
+"""Cores: the Protobuf manifest, exporting a model as a core, loading one with its capability."""

@@ -1,0 +1,124 @@
+"""Export a model as a core directory, or describe a plain model as the full core it serves as."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from adapters.core.manifest import (
+    MODEL_SUBDIR,
+    LoadedCore,
+    build_manifest,
+    core_from_manifest,
+    is_core_dir,
+    load_core,
+    write_manifest,
+)
+from adapters.gpu.default_model import resolve_model_dir
+from adapters.gpu.factory import padded_capacity
+from adapters.gpu.model_config import ModelConfig
+from domain.logprobs import NATURAL_TOP_K
+
+
+def export_core(
+    model: str | None,
+    output: Path,
+    *,
+    logprobs: str = "full",
+    top_k: int = NATURAL_TOP_K,
+    max_num_seqs: int = 16,
+    token_capacity: int = 0,
+    cache_dir: Path | None = None,
+    progress: bool = True,
+) -> LoadedCore:
+    """Writes the core of `model` to `output` and returns it loaded and validated.
+
+    `model` is anything `resolve_model_dir` accepts (None: the embedded default), or an existing
+    core, which is exported again with the new settings. The weights and tokenizer land in
+    `output/model/` as hard links to the source files where the file system allows, else copies.
+    `output` must not exist yet, or be an empty directory; it appears complete or not at all.
+    """
+    output = Path(output)
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise FileExistsError(f"export target {output} exists and is not an empty directory")
+    if max_num_seqs < 1:
+        raise ValueError(f"max_num_seqs must be positive, got {max_num_seqs}")
+    if model is not None and is_core_dir(Path(model).expanduser()):
+        source = Path(model).expanduser() / MODEL_SUBDIR
+    else:
+        source = resolve_model_dir(model, cache_dir=cache_dir, progress=progress)
+    config = ModelConfig.from_dir(source)
+    manifest = build_manifest(
+        config.architecture,
+        config.vocab_size,
+        logprobs=logprobs,
+        top_k=top_k,
+        capacity=padded_capacity(max_num_seqs),
+        token_capacity=token_capacity,
+    )
+    output.parent.mkdir(parents=True, exist_ok=True)
+    # Built beside the target and renamed into place, so a failed export leaves no half core.
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        _link_tree(source, staging / MODEL_SUBDIR)
+        write_manifest(staging, manifest)
+        load_core(staging)
+        if output.exists():
+            output.rmdir()
+        staging.rename(output)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return load_core(output)
+
+
+def describe_plain_model(
+    model_dir: Path, *, max_num_seqs: int = 16, token_capacity: int = 0
+) -> LoadedCore:
+    """The full core a plain model directory serves as, built in memory; nothing is written.
+
+    Every recipe exports the complete bundle, so a model served without `helios export` has
+    the full logprob contract (K=20 and selected IDs).
+    """
+    model_dir = Path(model_dir)
+    config = ModelConfig.from_dir(model_dir)
+    manifest = build_manifest(
+        config.architecture,
+        config.vocab_size,
+        logprobs="full",
+        capacity=padded_capacity(max_num_seqs),
+        token_capacity=token_capacity,
+    )
+    return core_from_manifest(model_dir, manifest)
+
+
+def resolve_core(
+    model: str | None,
+    *,
+    max_num_seqs: int = 16,
+    token_capacity: int = 0,
+    cache_dir: Path | None = None,
+    progress: bool = True,
+) -> LoadedCore:
+    """What `helios serve MODEL` runs: an exported core as declared, anything else as full."""
+    if model is not None and is_core_dir(Path(model).expanduser()):
+        return load_core(Path(model).expanduser())
+    model_dir = resolve_model_dir(model, cache_dir=cache_dir, progress=progress)
+    return describe_plain_model(model_dir, max_num_seqs=max_num_seqs, token_capacity=token_capacity)
+
+
+def _link_tree(source: Path, target: Path) -> None:
+    """Mirrors `source` into `target`, hard-linking each file and copying where links fail."""
+    for directory, _, files in os.walk(source):
+        relative = Path(directory).relative_to(source)
+        (target / relative).mkdir(parents=True, exist_ok=True)
+        for name in files:
+            origin = Path(directory) / name
+            destination = target / relative / name
+            try:
+                os.link(origin, destination)
+            except OSError:
+                # Another file system, or one without hard links: a copy is as good.
+                shutil.copy2(origin, destination)

@@ -1,0 +1,128 @@
+"""The completion bundle: two record frames, the packed logprob output and its request inputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from adapters.gpu.logprobs_reference import ReferenceLogprobReducer
+from domain.logprobs import FULL_POSITION_WORDS, MAX_SELECTED_IDS, unpack_position
+from domain.records import HEADER_WORDS, CompletionRecord
+from domain.step import ExecutorGeometry, SlotWork
+from ports.executor import FrameResult
+
+
+@dataclass(frozen=True, slots=True)
+class _FrameRequests:
+    """Kept with a pending frame: which lanes requested logprobs and how many pairs each reads."""
+
+    lanes: tuple[int, ...]
+    pairs: dict[int, int]
+
+    @property
+    def width(self) -> int:
+        """W: the copy covers the chosen pair and the frame's largest alternative count."""
+        return max(self.pairs.values(), default=0)
+
+
+class CompletionOutputs:
+    """Owns `completion_records` int64[2, capacity, 16+T] and, when the core declares them,
+    `completion_logprobs` int32[2, capacity, T, 2+2A], `logprob_requested` int32[capacity] and
+    the selected-ID inputs `logprob_token_ids` int32[capacity, 128] and
+    `logprob_token_id_counts` int32[capacity].
+
+    Upload rules (the seed): the full flag and count vectors are written on every submission that
+    samples, clearing unused slots; selecting slots also get their ID prefix; only lanes of that
+    submission set flags. Submissions that sample nothing get neither flags nor transfers.
+    """
+
+    def __init__(self, geometry: ExecutorGeometry, device: torch.device) -> None:
+        capacity, tokens = geometry.capacity, geometry.token_capacity
+        self._geometry = geometry
+        self._device = device
+        self._top_k = geometry.logprob_top_k
+        self._records = torch.zeros((2, capacity, HEADER_WORDS + tokens), dtype=torch.int64)
+        self._lanes: list[tuple[int, ...]] = [(), ()]
+        self._requests: list[_FrameRequests | None] = [None, None]
+        self.logprobs = self.requested = self.token_ids = self.counts = None
+        if self._top_k:
+            words = FULL_POSITION_WORDS if geometry.selects_logprob_ids else 2 + 2 * self._top_k
+            self.logprobs = torch.zeros(
+                (2, capacity, tokens, words), dtype=torch.int32, device=device
+            )  # [frame, slot, position, words]
+            self.requested = torch.zeros(capacity, dtype=torch.int32, device=device)
+            if geometry.selects_logprob_ids:
+                self.token_ids = torch.zeros(
+                    (capacity, MAX_SELECTED_IDS), dtype=torch.int32, device=device
+                )
+                self.counts = torch.zeros(capacity, dtype=torch.int32, device=device)
+            self._reducer = ReferenceLogprobReducer(geometry.vocab_size, self._top_k)
+
+    def upload(self, frame: int, sampling: list[SlotWork]) -> bool:
+        """Writes this submission's flags, counts and ID prefixes; True if any lane requests."""
+        if self.requested is None:
+            return False
+        requesting = [w for w in sampling if w.logprobs is not None]
+        flags = [0] * self._geometry.capacity
+        counts = [0] * self._geometry.capacity
+        for work in requesting:
+            flags[work.slot] = 1
+            if work.logprobs.token_ids:
+                counts[work.slot] = len(work.logprobs.token_ids)
+                ids = torch.tensor(work.logprobs.token_ids, dtype=torch.int32)
+                self.token_ids[work.slot, : len(ids)].copy_(ids)
+        self.requested.copy_(torch.tensor(flags, dtype=torch.int32))
+        if self.counts is not None:
+            self.counts.copy_(torch.tensor(counts, dtype=torch.int32))
+        pairs = {w.slot: (len(w.logprobs.token_ids) or self._top_k) for w in requesting}
+        self._requests[frame] = _FrameRequests(tuple(pairs), pairs) if requesting else None
+        return bool(requesting)
+
+    def reduce(
+        self, frame: int, logits: torch.Tensor, sampling: list[SlotWork], chosen: torch.Tensor
+    ) -> None:
+        """Reports the sampled rows' logprobs from their raw logits into the frame."""
+        slots = torch.tensor([w.slot for w in sampling], dtype=torch.int64, device=self._device)
+        positions = torch.zeros_like(slots)  # ordinary sampling emits position zero
+        self._reducer.reduce(
+            logits,
+            slots,
+            positions,
+            chosen,
+            self.requested,
+            self.counts,
+            self.token_ids,
+            self.logprobs[frame],
+        )
+
+    def commit(self, frame: int, records: list[CompletionRecord]) -> None:
+        capacity = self._geometry.token_capacity
+        for record in records:
+            self._records[frame, record.slot] = torch.tensor(record.encode(capacity))
+        self._lanes[frame] = tuple(record.slot for record in records)
+
+    def read(self, frame: int) -> FrameResult:
+        """Decodes the frame's records and, for requesting lanes only, their emitted positions."""
+        lanes, requests = self._lanes[frame], self._requests[frame]
+        rows = self._records[frame, list(lanes)].tolist() if lanes else []
+        records = tuple(CompletionRecord.decode(words) for words in rows)
+        self._lanes[frame], self._requests[frame] = (), None
+        if requests is None:
+            return FrameResult(frame, records)
+        width = 2 + 2 * requests.width
+        slots = list(requests.lanes)
+        # One copy of the requesting lanes' halves: chosen pair plus W alternative pairs.
+        payload = self.logprobs[frame, slots, :, :width].cpu().tolist()
+        by_slot = dict(zip(slots, payload, strict=True))
+        logprobs = []
+        for record in records:
+            rows = by_slot.get(record.slot)
+            if rows is None:
+                logprobs.append(None)
+                continue
+            pairs = requests.pairs[record.slot]
+            logprobs.append(
+                tuple(unpack_position(rows[i], pairs) for i in range(len(record.tokens)))
+            )
+        return FrameResult(frame, records, tuple(logprobs))

@@ -1,0 +1,205 @@
+"""The torch reference of the generation logprob reduction into the packed completion frame."""
+
+from __future__ import annotations
+
+import torch
+
+from domain.logprobs import MAX_SELECTED_IDS, NATURAL_TOP_K, NO_TOKEN
+
+_LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_INT32_MIN = -(2**31)
+_LOW_WORD = 0xFFFFFFFF
+
+
+def order_keys(values: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """int64 sort keys of FP32 `values` and their IDs, equal to `domain.logprobs.sort_key`.
+
+    Larger key = larger value, then smaller token ID; -0.0 ranks as +0.0.
+    """
+    bits = values.view(torch.int32)
+    # Negative floats order backwards in their magnitude bits, so those bits are flipped.
+    ordered = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    ordered = ordered.masked_fill(bits == _INT32_MIN, 0)
+    # Multiplying rather than shifting keeps negative high words well defined on every backend.
+    return ordered.to(torch.int64) * (1 << 32) + (_LOW_WORD - token_ids.to(torch.int64))
+
+
+def _log_normalizer(rows: torch.Tensor) -> torch.Tensor:
+    """FP32 max + log(sum(exp(x - max))) of each row; an all -inf row gives -inf."""
+    peak = rows.amax(dim=1)
+    shift = torch.where(torch.isinf(peak), torch.zeros_like(peak), peak)
+    mass = torch.exp(rows - shift[:, None]).sum(dim=1)
+    return shift + torch.log(mass)
+
+
+class ReferenceLogprobReducer:
+    """Reports sampled rows' logprobs into `completion_logprobs` with torch operations.
+
+    The only host synchronization is choosing the requesting rows, whose count shapes the work;
+    everything after it is shape-static, so no other device value reaches the host.
+    """
+
+    def __init__(self, vocab_size: int, top_k: int = NATURAL_TOP_K) -> None:
+        if vocab_size < 1:
+            raise ValueError(f"vocab_size must be positive, got {vocab_size}")
+        if not 1 <= top_k <= NATURAL_TOP_K:
+            raise ValueError(f"top_k must be in 1..{NATURAL_TOP_K}, got {top_k}")
+        self.vocab_size = vocab_size
+        self.top_k = top_k
+
+    def reduce(
+        self,
+        logits: torch.Tensor,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        chosen: torch.Tensor,
+        requested: torch.Tensor,
+        counts: torch.Tensor | None,
+        token_ids: torch.Tensor | None,
+        out: torch.Tensor,
+    ) -> None:
+        """Writes each requesting row's chosen pair and alternative pairs to out[slot, position].
+
+        `logits` [R, V_padded] are the raw rows before any sampling transform and are only read.
+        Rows whose slot has a zero `requested` flag are neither read nor written. A slot with a
+        positive count gets its first `count` IDs of `token_ids` in caller order; otherwise it
+        gets the K natural alternatives (ID -1, bits 0 past a vocabulary smaller than K). Words
+        past those pairs keep their contents. Selected or chosen IDs outside the real vocabulary
+        report NaN instead of reading a padded lane.
+        """
+        self._check(logits, out, counts, token_ids)
+        wanted = requested.index_select(0, slots) != 0
+        rows = torch.nonzero(wanted).squeeze(1)
+        if rows.numel() == 0:
+            return
+        slots, positions = slots.index_select(0, rows), positions.index_select(0, rows)
+        chosen = chosen.index_select(0, rows).to(torch.int64)
+        values = self._reported_values(logits, rows)
+        natural_ids, natural_bits = self._natural(values)
+        pair_ids, pair_bits, live = natural_ids, natural_bits, None
+        if counts is not None and token_ids is not None:
+            pair_ids, pair_bits, live = self._with_selected(
+                values, slots, counts, token_ids, natural_ids, natural_bits
+            )
+        chosen_bits = self._read(values, chosen, torch.ones_like(chosen, dtype=torch.bool))
+        self._write(out, slots, positions, chosen, chosen_bits, pair_ids, pair_bits, live)
+
+    def _check(
+        self,
+        logits: torch.Tensor,
+        out: torch.Tensor,
+        counts: torch.Tensor | None,
+        token_ids: torch.Tensor | None,
+    ) -> None:
+        if logits.dtype not in _LOGIT_DTYPES:
+            raise TypeError(f"logits must be float32, bfloat16 or float16, got {logits.dtype}")
+        if logits.dim() != 2 or logits.shape[1] < self.vocab_size:
+            raise ValueError(
+                f"logits must be [rows, >= {self.vocab_size}], got {tuple(logits.shape)}"
+            )
+        if (counts is None) != (token_ids is None):
+            raise ValueError("counts and token_ids are declared together or not at all")
+        needed = MAX_SELECTED_IDS if counts is not None else self.top_k
+        if out.dtype != torch.int32 or out.dim() != 3 or out.shape[2] < 2 + 2 * needed:
+            raise ValueError(
+                f"out must be int32 [capacity, T, >= {2 + 2 * needed}], got "
+                f"{out.dtype} {tuple(out.shape)}"
+            )
+        if not out.is_contiguous():
+            raise ValueError("out must be contiguous: it is written through its flat view")
+
+    def _reported_values(self, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """FP32 logit - lse over the real vocabulary of the requesting rows only."""
+        real = logits[:, : self.vocab_size].index_select(0, rows).to(torch.float32)
+        return real.sub_(_log_normalizer(real)[:, None])
+
+    def _natural(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The top-K (ID, bits) pairs by sort key, padded with (-1, 0) past the vocabulary."""
+        ids = torch.arange(self.vocab_size, dtype=torch.int64, device=values.device)
+        keys = order_keys(values, ids)
+        top_keys = torch.topk(keys, min(self.top_k, self.vocab_size), dim=1).values
+        top_ids = _LOW_WORD - (top_keys & _LOW_WORD)
+        # Bits come from the values themselves, so a reported -0.0 keeps its sign.
+        top_bits = values.gather(1, top_ids).view(torch.int32)
+        missing = self.top_k - top_ids.shape[1]
+        if missing:
+            top_ids = torch.nn.functional.pad(top_ids, (0, missing), value=NO_TOKEN)
+            top_bits = torch.nn.functional.pad(top_bits, (0, missing), value=0)
+        return top_ids.to(torch.int32), top_bits
+
+    def _with_selected(
+        self,
+        values: torch.Tensor,
+        slots: torch.Tensor,
+        counts: torch.Tensor,
+        token_ids: torch.Tensor,
+        natural_ids: torch.Tensor,
+        natural_bits: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per row: the selected pairs when its count is positive, else the natural ones.
+
+        Returns the [rows, 128] pair IDs and bits and which of those pairs are to be written.
+        """
+        count = counts.index_select(0, slots).to(torch.int64).clamp(max=MAX_SELECTED_IDS)
+        selects = count > 0
+        index = torch.arange(MAX_SELECTED_IDS, device=values.device)
+        # IDs past a slot's uploaded prefix are stale, so they are never used as read indices.
+        in_prefix = index[None, :] < count[:, None]
+        selected_ids = token_ids.index_select(0, slots).to(torch.int64)
+        selected_bits = self._read(values, selected_ids, in_prefix)
+        padding = MAX_SELECTED_IDS - self.top_k
+        natural_ids = torch.nn.functional.pad(natural_ids, (0, padding), value=NO_TOKEN)
+        natural_bits = torch.nn.functional.pad(natural_bits, (0, padding), value=0)
+        pair_ids = torch.where(selects[:, None], selected_ids.to(torch.int32), natural_ids)
+        pair_bits = torch.where(selects[:, None], selected_bits, natural_bits)
+        live = torch.where(selects[:, None], in_prefix, index[None, :] < self.top_k)
+        return pair_ids, pair_bits, live
+
+    def _read(self, values: torch.Tensor, ids: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
+        """int32 bits of values[row, id] where wanted; NaN bits for an ID outside the vocabulary."""
+        inside = (ids >= 0) & (ids < self.vocab_size)
+        safe = torch.where(wanted & inside, ids, torch.zeros_like(ids))
+        squeeze = ids.dim() == 1
+        read = values.gather(1, safe[:, None] if squeeze else safe)
+        read = read.squeeze(1) if squeeze else read
+        return torch.where(inside, read, torch.full_like(read, float("nan"))).view(torch.int32)
+
+    @staticmethod
+    def _write(
+        out: torch.Tensor,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        chosen: torch.Tensor,
+        chosen_bits: torch.Tensor,
+        pair_ids: torch.Tensor,
+        pair_bits: torch.Tensor,
+        live: torch.Tensor | None,
+    ) -> None:
+        """Scatters the payload into the flat frame, touching only the words that carry data.
+
+        A pair that must stay unwritten is aimed at pair 0 with pair 0's own words (pair 0 is
+        always written), so the scatter keeps a static shape and needs no mask on the host.
+        """
+        pairs = pair_ids.shape[1]
+        index = torch.arange(pairs, device=out.device).expand(pair_ids.shape[0], pairs)
+        if live is not None:
+            index = torch.where(live, index, torch.zeros_like(index))
+            pair_ids = torch.where(live, pair_ids, pair_ids[:, :1])
+            pair_bits = torch.where(live, pair_bits, pair_bits[:, :1])
+        words = torch.cat(
+            [
+                chosen.to(torch.int32)[:, None],
+                chosen_bits[:, None],
+                torch.stack([pair_ids, pair_bits], dim=2).flatten(1),
+            ],
+            dim=1,
+        )
+        offsets = torch.cat(
+            [
+                torch.arange(2, device=out.device).expand(index.shape[0], 2),
+                torch.stack([2 + 2 * index, 3 + 2 * index], dim=2).flatten(1),
+            ],
+            dim=1,
+        )
+        base = (slots * out.shape[1] + positions) * out.shape[2]
+        out.view(-1).scatter_(0, (base[:, None] + offsets).flatten(), words.flatten())

@@ -1,0 +1,154 @@
+"""Logprob values: FP32 bit storage, the alternative sort key and the packed position layout."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from domain.logprobs import (
+    FULL_POSITION_WORDS,
+    LOGPROB_FLOOR,
+    MAX_SELECTED_IDS,
+    NATURAL_TOP_K,
+    NO_TOKEN,
+    LogprobOptions,
+    PositionLogprobs,
+    TokenLogprob,
+    bits_to_float,
+    float_to_bits,
+    pack_position,
+    sort_key,
+    unpack_position,
+    wire_logprob,
+)
+
+fp32 = st.floats(width=32, allow_nan=False)
+token_ids = st.integers(0, 2**31 - 1)
+INT32 = (-(2**31), 2**31 - 1)
+INT64 = (-(2**63), 2**63 - 1)
+
+
+def test_the_shared_limits_are_the_seed_s_k_and_selected_id_maximum() -> None:
+    assert NATURAL_TOP_K == 20
+    assert MAX_SELECTED_IDS == 128
+    assert FULL_POSITION_WORDS == 258
+
+
+def test_fp32_bits_are_stored_as_signed_int32_words() -> None:
+    assert float_to_bits(1.0) == 0x3F800000
+    assert float_to_bits(0.0) == 0
+    assert float_to_bits(-0.0) == -(2**31)
+    assert float_to_bits(-math.inf) == 0xFF800000 - 2**32
+    assert math.isnan(bits_to_float(float_to_bits(math.nan)))
+
+
+@given(fp32)
+def test_fp32_values_survive_a_round_trip_through_their_bits(value) -> None:
+    bits = float_to_bits(value)
+
+    assert INT32[0] <= bits <= INT32[1]
+    assert bits_to_float(bits) == value
+    assert math.copysign(1.0, bits_to_float(bits)) == math.copysign(1.0, value)
+
+
+@given(fp32, fp32, token_ids, token_ids)
+def test_a_larger_value_ranks_first_whatever_the_token_ids(a, b, first_id, second_id) -> None:
+    assume(a != b)
+    larger, smaller = max(a, b), min(a, b)
+    assert sort_key(larger, first_id) > sort_key(smaller, second_id)
+    assert sort_key(larger, second_id) > sort_key(smaller, first_id)
+
+
+@given(fp32, token_ids, token_ids)
+def test_equal_values_rank_the_smaller_token_id_first(value, first_id, second_id) -> None:
+    assume(first_id != second_id)
+    smaller, larger = min(first_id, second_id), max(first_id, second_id)
+    assert sort_key(value, smaller) > sort_key(value, larger)
+
+
+@given(token_ids)
+def test_negative_zero_shares_the_key_of_positive_zero(token_id) -> None:
+    assert sort_key(-0.0, token_id) == sort_key(0.0, token_id)
+
+
+@given(fp32, st.integers(0, 2**32 - 1))
+def test_keys_fit_a_signed_int64_and_keep_the_inverted_id_in_the_low_word(value, token_id) -> None:
+    key = sort_key(value, token_id)
+
+    assert INT64[0] <= key <= INT64[1]
+    assert key & 0xFFFFFFFF == 0xFFFFFFFF - token_id
+
+
+def test_keys_order_a_mixed_list_like_value_then_id() -> None:
+    entries = [(-math.inf, 0), (-1.5, 4), (-0.0, 9), (0.0, 3), (-1e-45, 1), (-1.5, 2), (-30.0, 0)]
+
+    ranked = sorted(entries, key=lambda e: sort_key(*e), reverse=True)
+
+    assert ranked == [(0.0, 3), (-0.0, 9), (-1e-45, 1), (-1.5, 2), (-1.5, 4), (-30.0, 0),
+                      (-math.inf, 0)]
+
+
+alternatives = st.lists(st.builds(TokenLogprob, token_ids, fp32), max_size=MAX_SELECTED_IDS)
+
+
+@given(st.builds(TokenLogprob, token_ids, fp32), alternatives, st.integers(0, 8))
+def test_a_packed_position_unpacks_to_the_same_position(chosen, alternatives, spare) -> None:
+    position = PositionLogprobs(chosen, tuple(alternatives))
+    pairs = min(len(alternatives) + spare, MAX_SELECTED_IDS)
+
+    words = pack_position(position, 2 + 2 * pairs)
+
+    assert len(words) == 2 + 2 * pairs
+    assert all(INT32[0] <= word <= INT32[1] for word in words)
+    assert unpack_position(words, pairs) == position
+
+
+def test_packing_pads_unused_pairs_with_minus_one_ids_and_zero_bits() -> None:
+    position = PositionLogprobs(TokenLogprob(7, -0.5), (TokenLogprob(3, -0.25),))
+
+    words = pack_position(position, 8)
+
+    assert words == [7, float_to_bits(-0.5), 3, float_to_bits(-0.25), NO_TOKEN, 0, NO_TOKEN, 0]
+
+
+def test_packing_more_alternatives_than_the_width_holds_is_rejected() -> None:
+    extra = (TokenLogprob(2, -1.0), TokenLogprob(3, -2.0))
+    position = PositionLogprobs(TokenLogprob(1, 0.0), extra)
+
+    with pytest.raises(ValueError):
+        pack_position(position, 4)
+
+
+def test_unpacking_stops_at_the_first_minus_one_id_and_reads_no_further() -> None:
+    words = [5, float_to_bits(-1.0), 9, float_to_bits(-2.0), NO_TOKEN, 0, 4, float_to_bits(-3.0)]
+
+    position = unpack_position(words, 3)
+
+    assert position == PositionLogprobs(TokenLogprob(5, -1.0), (TokenLogprob(9, -2.0),))
+
+
+def test_unpacking_reads_only_the_requested_pairs() -> None:
+    words = [5, float_to_bits(-1.0), 9, float_to_bits(-2.0), 4, float_to_bits(-3.0)]
+
+    assert unpack_position(words, 1).alternatives == (TokenLogprob(9, -2.0),)
+    assert unpack_position(words, 0).alternatives == ()
+
+
+@pytest.mark.parametrize(
+    ("value", "wire"),
+    [(-math.inf, LOGPROB_FLOOR), (-1e6, LOGPROB_FLOOR), (-9999.0, -9999.0), (-0.25, -0.25)],
+)
+def test_json_logprobs_never_go_below_the_vllm_floor(value, wire) -> None:
+    assert wire_logprob(value) == wire
+
+
+def test_options_carry_natural_pairs_or_the_selected_ids_instead() -> None:
+    assert LogprobOptions().pairs == 0
+    assert LogprobOptions(top_k=5).pairs == 5
+    assert not LogprobOptions(top_k=5).selects
+    selecting = LogprobOptions(top_k=5, token_ids=(8, 1, 3))
+    assert selecting.selects
+    assert selecting.pairs == 3
