@@ -34,8 +34,10 @@ def bench(url: str, levels: list[int], requests_per_client: int, max_tokens: int
             result = run_level(url, model, clients, requests_per_client, max_tokens, extra)
             measured[extra is not None] = result.output_tokens_per_s
         rows.append((clients, measured[False], measured[True]))
-    print(f"model {model}; {requests_per_client} request(s) per client, {max_tokens} tokens each, "
-          "greedy chat, EOS ignored\n")
+    print(
+        f"model {model}; {requests_per_client} request(s) per client, {max_tokens} tokens each, "
+        "greedy chat, EOS ignored\n"
+    )
     print("| clients | no logprobs tok/s | top_logprobs=20 tok/s | ratio |")
     print("|---|---|---|---|")
     for clients, plain, with_logprobs in rows:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from domain.logprobs import LogprobOptions, TokenLogprob, wire_logprob
 from domain.outputs import LogprobEntry
@@ -11,15 +11,33 @@ from domain.outputs import LogprobEntry
 
 @dataclass(frozen=True)
 class TokenRendering:
-    """How tokens are named on the wire: their bytes decoded, or `token_id:<id>` placeholders."""
+    """How tokens are named on the wire: their bytes decoded, or `token_id:<id>` placeholders.
+
+    Names and byte lists are memoized per request: a stream with twenty alternatives renders the
+    same few hundred IDs over and over on the event loop.
+    """
 
     token_bytes: Callable[[int], bytes]
     as_token_ids: bool = False
+    _names: dict[int, str] = field(default_factory=dict, compare=False, repr=False)
+    _byte_lists: dict[int, list[int]] = field(default_factory=dict, compare=False, repr=False)
 
     def text(self, token_id: int) -> str:
-        if self.as_token_ids:
-            return f"token_id:{token_id}"
-        return self.token_bytes(token_id).decode("utf-8", errors="replace")
+        name = self._names.get(token_id)
+        if name is None:
+            if self.as_token_ids:
+                name = f"token_id:{token_id}"
+            else:
+                name = self.token_bytes(token_id).decode("utf-8", errors="replace")
+            self._names[token_id] = name
+        return name
+
+    def byte_list(self, token_id: int) -> list[int]:
+        """The token's raw bytes as JSON integers (a fresh list, safe to hand to a response)."""
+        cached = self._byte_lists.get(token_id)
+        if cached is None:
+            cached = self._byte_lists[token_id] = list(self.token_bytes(token_id))
+        return cached.copy()
 
 
 def _alternatives(entry: LogprobEntry, options: LogprobOptions) -> tuple[TokenLogprob, ...]:
@@ -61,7 +79,7 @@ def _chat_token(token: TokenLogprob, rendering: TokenRendering) -> dict:
     return {
         "token": rendering.text(token.token_id),
         "logprob": wire_logprob(token.logprob),
-        "bytes": list(rendering.token_bytes(token.token_id)),
+        "bytes": rendering.byte_list(token.token_id),
     }
 
 

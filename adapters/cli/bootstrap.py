@@ -28,13 +28,19 @@ def load(
     served_model_name: str | None = None,
 ) -> LoadedModel:
     """Resolves the model (None means the embedded SmolLM2), loads it and builds the engine."""
-    core = resolve_core(model, max_num_seqs=runner.max_num_seqs,
-                        token_capacity=runner.token_capacity)
+    core = resolve_core(
+        model, max_num_seqs=runner.max_num_seqs, token_capacity=runner.token_capacity
+    )
     model_dir = core.model_dir
     tokenizer = HfTokenizer.from_dir(model_dir)
-    executor = build_executor(model_dir, runner, tokenizer.vocab_size,
-                              capability=core.capability, capacity=core.capacity,
-                              token_capacity=core.token_capacity)
+    executor = build_executor(
+        model_dir,
+        runner,
+        tokenizer.vocab_size,
+        capability=core.capability,
+        capacity=core.capacity,
+        token_capacity=core.token_capacity,
+    )
     engine = Engine(executor, tokenizer, replace(engine_config, max_num_seqs=runner.max_num_seqs))
     name = served_model_name or (model if model else "SmolLM2-135M-Instruct")
     return LoadedModel(engine, tokenizer, name, model_dir)

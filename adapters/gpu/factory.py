@@ -83,8 +83,10 @@ def build_executor(
     config = ModelConfig.from_dir(model_dir)
     capacity = capacity or padded_capacity(settings.max_num_seqs)
     if settings.max_num_seqs > capacity:
-        raise ValueError(f"--max-num-seqs {settings.max_num_seqs} exceeds the core's slot "
-                         f"capacity {capacity}; export the core with a larger --max-num-seqs")
+        raise ValueError(
+            f"--max-num-seqs {settings.max_num_seqs} exceeds the core's slot "
+            f"capacity {capacity}; export the core with a larger --max-num-seqs"
+        )
     model = load_model(model_dir, dtype=dtype, device=device)
     max_model_len = settings.max_model_len or config.max_position_embeddings
     if max_model_len > config.max_position_embeddings:

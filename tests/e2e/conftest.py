@@ -80,8 +80,11 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 @contextmanager
-def running_server(model_dir: Path, workdir: Path, *extra_args: str) -> Iterator[RunningServer]:
-    """Starts `helios serve` on a free port, waits for /health 200, and stops it afterwards."""
+def running_server(
+    model_dir: Path | None, workdir: Path, *extra_args: str
+) -> Iterator[RunningServer]:
+    """Starts `helios serve` (None: the embedded SmolLM2) on a free port, waits for /health 200,
+    and stops it afterwards; later flags in `extra_args` override the defaults."""
     port = free_port()
     server = RunningServer(f"http://127.0.0.1:{port}", workdir / "server.log")
     command = [
@@ -89,7 +92,7 @@ def running_server(model_dir: Path, workdir: Path, *extra_args: str) -> Iterator
         "-m",
         "adapters.cli.main",
         "serve",
-        str(model_dir),
+        *([str(model_dir)] if model_dir is not None else []),
         "--host",
         "127.0.0.1",
         "--port",

@@ -14,8 +14,9 @@ from adapters.gpu.factory import RunnerSettings
 from adapters.http.app import create_app
 from adapters.http.serving import ModelHolder
 
-RUNNER = RunnerSettings(device="cpu", max_num_seqs=8, max_model_len=128,
-                        kv_cache_bytes=8 << 20, block_size=8)
+RUNNER = RunnerSettings(
+    device="cpu", max_num_seqs=8, max_model_len=128, kv_cache_bytes=8 << 20, block_size=8
+)
 
 
 def serve_core(core_dir) -> Iterator[testing.TestClient]:
@@ -36,8 +37,9 @@ def no_logprobs(http_model_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def natural(http_model_dir, tmp_path_factory):
     core = tmp_path_factory.mktemp("cores") / "natural"
-    export_core(str(http_model_dir), core, logprobs="natural", top_k=5, max_num_seqs=8,
-                progress=False)
+    export_core(
+        str(http_model_dir), core, logprobs="natural", top_k=5, max_num_seqs=8, progress=False
+    )
     yield from serve_core(core)
 
 
@@ -49,14 +51,21 @@ def test_a_core_without_logprob_buffers_serves_and_says_allow_logprobs_false(no_
     assert plain.status_code == 200 and plain.json["choices"][0]["logprobs"] is None
 
 
-@pytest.mark.parametrize(("path", "body", "param"), [
-    ("/v1/completions", {"prompt": "hi", "logprobs": 0}, "logprobs"),
-    ("/v1/completions", {"prompt": "hi", "logprobs": 1, "logprob_token_ids": [3]}, "logprobs"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True},
-     "logprobs"),
-])
-def test_every_logprob_request_on_a_k0_core_is_a_400_before_admission(no_logprobs, path, body,
-                                                                       param):
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {"prompt": "hi", "logprobs": 0}, "logprobs"),
+        ("/v1/completions", {"prompt": "hi", "logprobs": 1, "logprob_token_ids": [3]}, "logprobs"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "logprobs": True},
+            "logprobs",
+        ),
+    ],
+)
+def test_every_logprob_request_on_a_k0_core_is_a_400_before_admission(
+    no_logprobs, path, body, param
+):
     result = no_logprobs.simulate_post(path, json=body)
 
     assert result.status_code == 400
@@ -65,9 +74,16 @@ def test_every_logprob_request_on_a_k0_core_is_a_400_before_admission(no_logprob
 
 
 def test_a_natural_core_serves_up_to_its_k_alternatives(natural):
-    result = natural.simulate_post("/v1/completions", json={
-        "prompt": "hi", "max_tokens": 3, "logprobs": 5, "ignore_eos": True,
-        "return_tokens_as_token_ids": True})
+    result = natural.simulate_post(
+        "/v1/completions",
+        json={
+            "prompt": "hi",
+            "max_tokens": 3,
+            "logprobs": 5,
+            "ignore_eos": True,
+            "return_tokens_as_token_ids": True,
+        },
+    )
 
     assert result.status_code == 200
     tops = result.json["choices"][0]["logprobs"]["top_logprobs"]
@@ -77,8 +93,9 @@ def test_a_natural_core_serves_up_to_its_k_alternatives(natural):
 
 def test_a_natural_core_refuses_more_than_k_and_any_selected_ids(natural):
     too_many = natural.simulate_post("/v1/completions", json={"prompt": "hi", "logprobs": 6})
-    selected = natural.simulate_post("/v1/completions", json={
-        "prompt": "hi", "logprobs": 1, "logprob_token_ids": [3, 4]})
+    selected = natural.simulate_post(
+        "/v1/completions", json={"prompt": "hi", "logprobs": 1, "logprob_token_ids": [3, 4]}
+    )
 
     assert too_many.status_code == 400 and too_many.json["error"]["param"] == "logprobs"
     assert "max allowed: 5" in too_many.json["error"]["message"]

@@ -87,8 +87,15 @@ def test_keys_order_a_mixed_list_like_value_then_id() -> None:
 
     ranked = sorted(entries, key=lambda e: sort_key(*e), reverse=True)
 
-    assert ranked == [(0.0, 3), (-0.0, 9), (-1e-45, 1), (-1.5, 2), (-1.5, 4), (-30.0, 0),
-                      (-math.inf, 0)]
+    assert ranked == [
+        (0.0, 3),
+        (-0.0, 9),
+        (-1e-45, 1),
+        (-1.5, 2),
+        (-1.5, 4),
+        (-30.0, 0),
+        (-math.inf, 0),
+    ]
 
 
 alternatives = st.lists(st.builds(TokenLogprob, token_ids, fp32), max_size=MAX_SELECTED_IDS)

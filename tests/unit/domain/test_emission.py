@@ -1,0 +1,112 @@
+"""Emission rules: which tokens get logprob entries, when they are released, and their offsets."""
+
+from __future__ import annotations
+
+import pytest
+
+from domain.choice import ChoiceText
+from domain.emission import LogprobDataError, record_positions
+from domain.logprobs import PositionLogprobs, TokenLogprob
+from domain.records import CompletionRecord, Finish, Role
+from domain.sampling import SamplingParams
+
+EOS = 0
+PIECES = {EOS: b"</s>", 1: b"ab", 2: b"c", 3: b"\xe2\x82", 4: b"\xac!", 5: b"x", 6: b"yz"}
+
+
+class TableTokenizer:
+    """Token bytes from a table; 0 is a special EOS. 3 + 4 spell the euro sign and '!'."""
+
+    eos_token_ids = frozenset({EOS})
+    special_token_ids = frozenset({EOS})
+    strips_leading_space = False
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return PIECES[token_id]
+
+
+def position(token_id: int) -> PositionLogprobs:
+    return PositionLogprobs(TokenLogprob(token_id, -0.5 - token_id), (TokenLogprob(9, -1.0),))
+
+
+def run(tokens: list[int], finish_last: Finish = Finish.NONE, **params):
+    choice = ChoiceText(0, SamplingParams(**params), TableTokenizer())
+    deltas = []
+    for index, token_id in enumerate(tokens):
+        finish = finish_last if index == len(tokens) - 1 else Finish.NONE
+        deltas.append(choice.advance((token_id,), finish, (position(token_id),)))
+        if deltas[-1].finished:
+            break
+    return deltas
+
+
+def entries(deltas) -> list[tuple[int, int]]:
+    return [(e.position.chosen.token_id, e.text_offset) for d in deltas for e in d.logprobs]
+
+
+def test_every_token_gets_an_entry_at_the_offset_of_its_first_character():
+    deltas = run([1, 2, 3, 4, 5], Finish.LENGTH)
+
+    assert "".join(d.text for d in deltas) == "abc€!x"
+    assert entries(deltas) == [(1, 0), (2, 2), (3, 3), (4, 3), (5, 5)]
+
+
+def test_a_terminating_eos_has_no_entry_but_stays_in_the_tokens():
+    deltas = run([1, 2, EOS], Finish.STOP_TOKEN)
+
+    assert [t for d in deltas for t in d.token_ids] == [1, 2, EOS]
+    assert entries(deltas) == [(1, 0), (2, 2)]
+    assert deltas[-1].finish_reason == "stop" and deltas[-1].stop_reason is None
+
+
+def test_an_ignored_eos_keeps_its_entry_in_generation_order():
+    deltas = run([1, EOS, 2], Finish.LENGTH, ignore_eos=True)
+
+    assert entries(deltas) == [(1, 0), (EOS, 2), (2, 2)]
+    assert "".join(d.text for d in deltas) == "abc"
+
+
+def test_after_a_stop_string_only_tokens_starting_before_it_keep_entries():
+    deltas = run([1, 2, 5, 6, 1], stop=("cx",))
+
+    assert "".join(d.text for d in deltas) == "ab"
+    assert entries(deltas) == [(1, 0)]
+    assert deltas[-1].stop_reason == "cx"
+
+
+def test_a_token_partly_before_the_stop_keeps_its_entry():
+    deltas = run([1, 6, 1], stop=("z",))
+
+    assert "".join(d.text for d in deltas) == "aby"
+    assert entries(deltas) == [(1, 0), (6, 2)]
+
+
+def test_entries_are_held_back_with_text_that_may_start_a_stop():
+    deltas = run([1, 2, 5], stop=("cq",))
+
+    assert deltas[1].text == "" and deltas[1].logprobs == ()
+    assert entries(deltas[2:]) == [(2, 2), (5, 3)]
+    assert deltas[2].text == "cx"
+
+
+def test_included_stop_strings_keep_the_entries_of_the_tokens_forming_them():
+    deltas = run([1, 2, 5], stop=("cx",), include_stop_str_in_output=True)
+
+    assert "".join(d.text for d in deltas) == "abcx"
+    assert entries(deltas) == [(1, 0), (2, 2), (5, 3)]
+
+
+def test_a_forced_token_has_no_entry_and_the_payload_must_name_the_emitted_tokens():
+    record = CompletionRecord(1, 1, Role.SPECULATIVE, (5, 6), forced_mask=0b10)
+
+    kept = record_positions(record, (position(5), position(6)))
+
+    assert kept == (position(5), None)
+
+
+@pytest.mark.parametrize("payload", [None, (), (position(5), position(5))])
+def test_missing_or_inconsistent_payload_fails_the_request(payload):
+    record = CompletionRecord(1, 1, Role.SPECULATIVE, (5, 6))
+
+    with pytest.raises(LogprobDataError):
+        record_positions(record, payload)
