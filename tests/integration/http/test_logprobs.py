@@ -265,3 +265,14 @@ def test_bad_chat_logprob_requests_are_a_400(client, body, param):
 
 def test_models_advertise_allow_logprobs_on_a_full_core(client):
     assert client.simulate_get("/v1/models").json["data"][0]["permission"][0]["allow_logprobs"]
+
+
+def test_chat_alternatives_ignore_temperature_penalties_top_p_and_bias(client):
+    base = {"max_tokens": 1, "logprobs": True, "top_logprobs": 5, **LENGTH}
+
+    raw = chat(client, temperature=0, **base)["choices"][0]["logprobs"]["content"][0]
+    processed = chat(client, temperature=1.7, top_p=0.3, seed=2, presence_penalty=1.5,
+                     frequency_penalty=1.0, repetition_penalty=1.8, logit_bias={"7": 50},
+                     **base)["choices"][0]["logprobs"]["content"][0]
+
+    assert processed["top_logprobs"] == raw["top_logprobs"]

@@ -110,3 +110,18 @@ def test_missing_or_inconsistent_payload_fails_the_request(payload):
 
     with pytest.raises(LogprobDataError):
         record_positions(record, payload)
+
+
+def test_minus_infinity_goes_on_the_wire_as_minus_9999():
+    from domain.logprob_presentation import TokenRendering, completion_logprobs
+    from domain.logprobs import LogprobOptions
+    from domain.outputs import LogprobEntry
+
+    entry = LogprobEntry(
+        PositionLogprobs(TokenLogprob(1, float("-inf")), (TokenLogprob(2, -1.5),)), 0
+    )
+
+    wire = completion_logprobs([entry], LogprobOptions(top_k=1), TokenRendering(PIECES.get))
+
+    assert wire["token_logprobs"] == [-9999.0]
+    assert wire["top_logprobs"] == [{"ab": -9999.0, "c": -1.5}]

@@ -6,6 +6,7 @@ import pytest
 
 from domain.engine import Engine, EngineConfig
 from domain.errors import InvalidRequestError
+from domain.logprobs import LogprobOptions
 from domain.outputs import ChoiceDelta, RequestEnd
 from domain.requests import GenerationRequest
 from domain.sampling import SamplingParams
@@ -218,3 +219,21 @@ def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving():
     end = drain(failed)[-1]
     assert isinstance(end, RequestEnd) and "boom" in end.error
     assert tokens_of(items["b"]) == expected_tokens(request("b", 5, 3).prompt_token_ids, 3)
+
+
+def test_max_logprobs_caps_requests_below_the_cores_k():
+    geometry = ExecutorGeometry(
+        capacity=8,
+        block_size=4,
+        num_blocks=64,
+        vocab_size=64,
+        max_model_len=64,
+        token_capacity=8,
+        logprob_top_k=20,
+        selects_logprob_ids=True,
+    )
+    engine = Engine(FakeExecutor(geometry), FakeTokenizer(), EngineConfig(max_logprobs=3))
+    asks = GenerationRequest("a", (1, 2), SamplingParams(), logprobs=LogprobOptions(top_k=4))
+
+    with pytest.raises(InvalidRequestError, match="max allowed: 3"):
+        engine.submit(asks)
