@@ -23,24 +23,9 @@ from domain.engine import EngineConfig  # noqa: E402
 from domain.requests import GenerationRequest  # noqa: E402
 from domain.sampling import SamplingParams  # noqa: E402
 
-QUESTIONS = [
-    "What is the capital of France?",
-    "Name three primary colours.",
-    "Why is the sky blue?",
-    "Write a haiku about autumn.",
-    "What is 17 times 3?",
-    "Explain photosynthesis briefly.",
-    "Who wrote Hamlet?",
-    "Give me a tip for learning Python.",
-    "What is a prime number?",
-    "Describe a cat in one sentence.",
-    "What does a CPU do?",
-    "How many legs does a spider have?",
-    "Suggest a name for a dog.",
-    "What is the boiling point of water?",
-    "Translate hello to Spanish.",
-    "Why do we sleep?",
-]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from prompts import QUESTIONS  # noqa: E402
 
 
 def chat_prompts(tokenizer) -> list[tuple[int, ...]]:

@@ -17,7 +17,8 @@ import httpx2
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from serve import QUESTIONS, own_server, run_level, served_model, stream_one  # noqa: E402
+from prompts import QUESTIONS  # noqa: E402
+from serve import own_server, run_level, served_model, stream_one  # noqa: E402
 
 WITH_LOGPROBS = {"logprobs": True, "top_logprobs": 20}
 

@@ -27,28 +27,13 @@ from pathlib import Path
 
 import httpx2
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from prompts import QUESTIONS  # noqa: E402
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 READY_TIMEOUT_S = 600.0
 REQUEST_TIMEOUT_S = 600.0
-
-QUESTIONS = [
-    "What is the capital of France?",
-    "Name three primary colours.",
-    "Why is the sky blue?",
-    "Write a haiku about autumn.",
-    "What is 17 times 3?",
-    "Explain photosynthesis briefly.",
-    "Who wrote Hamlet?",
-    "Give me a tip for learning Python.",
-    "What is a prime number?",
-    "Describe a cat in one sentence.",
-    "What does a CPU do?",
-    "How many legs does a spider have?",
-    "Suggest a name for a dog.",
-    "What is the boiling point of water?",
-    "Translate hello to Spanish.",
-    "Why do we sleep?",
-]
 
 
 @dataclass(frozen=True)

@@ -90,20 +90,24 @@ def completion_chunk(
     usage: Usage | None = None,
     logprobs: dict | None = None,
 ) -> dict:
+    choice = {
+        "index": index,
+        "text": text,
+        "logprobs": logprobs,
+        "finish_reason": finish_reason,
+        "stop_reason": stop_reason,
+    }
+    return _chunk(header, "text_completion", [choice], usage)
+
+
+def _chunk(header: ResponseHeader, kind: str, choices: list[dict], usage: Usage | None) -> dict:
+    """A stream frame; `usage` appears only when given (include_usage or continuous stats)."""
     chunk = {
         "id": header.id,
-        "object": "text_completion",
+        "object": kind,
         "created": header.created,
         "model": header.model,
-        "choices": [
-            {
-                "index": index,
-                "text": text,
-                "logprobs": logprobs,
-                "finish_reason": finish_reason,
-                "stop_reason": stop_reason,
-            }
-        ],
+        "choices": choices,
     }
     if usage is not None:
         chunk["usage"] = usage_object(usage)
@@ -112,14 +116,7 @@ def completion_chunk(
 
 def usage_chunk(header: ResponseHeader, usage: Usage, *, chat: bool) -> dict:
     """The last chunk of a stream with `stream_options.include_usage`: no choices, only usage."""
-    return {
-        "id": header.id,
-        "object": "chat.completion.chunk" if chat else "text_completion",
-        "created": header.created,
-        "model": header.model,
-        "choices": [],
-        "usage": usage_object(usage),
-    }
+    return _chunk(header, "chat.completion.chunk" if chat else "text_completion", [], usage)
 
 
 def chat_choice(choice: ChoiceResult, logprobs: dict | None = None) -> dict:
@@ -152,24 +149,14 @@ def chat_chunk(
     usage: Usage | None = None,
     logprobs: dict | None = None,
 ) -> dict:
-    chunk = {
-        "id": header.id,
-        "object": "chat.completion.chunk",
-        "created": header.created,
-        "model": header.model,
-        "choices": [
-            {
-                "index": index,
-                "delta": delta,
-                "logprobs": logprobs,
-                "finish_reason": finish_reason,
-                "stop_reason": stop_reason,
-            }
-        ],
+    choice = {
+        "index": index,
+        "delta": delta,
+        "logprobs": logprobs,
+        "finish_reason": finish_reason,
+        "stop_reason": stop_reason,
     }
-    if usage is not None:
-        chunk["usage"] = usage_object(usage)
-    return chunk
+    return _chunk(header, "chat.completion.chunk", [choice], usage)
 
 
 def model_list(name: str, created: int, max_model_len: int, *, allow_logprobs: bool) -> dict:

@@ -12,12 +12,11 @@ from adapters.http.body import read_json
 from adapters.http.engine_bridge import RequestGroup
 from adapters.http.parsing import chat_job
 from adapters.http.serving import HttpSettings, ModelHolder
-from adapters.http.sse import done_event, error_event, json_event
-from domain.errors import DomainError
+from adapters.http.streaming import stream_chunks
 from domain.jobs import GenerationJob
 from domain.logprob_presentation import TokenRendering, chat_logprobs
-from domain.outputs import LogprobEntry, Usage
-from domain.presentation import ResponseHeader, chat_choice, chat_chunk, chat_response, usage_chunk
+from domain.outputs import ChoiceDelta, LogprobEntry, Usage
+from domain.presentation import ResponseHeader, chat_choice, chat_chunk, chat_response
 
 
 class ChatCompletionsResource:
@@ -47,39 +46,17 @@ def _logprobs(
     return chat_logprobs(entries, job.logprobs, rendering)
 
 
-async def _stream(
+def _stream(
     header: ResponseHeader, job: GenerationJob, group: RequestGroup, rendering: TokenRendering
 ) -> AsyncIterator[SSEvent]:
-    prompt_tokens = len(job.prompts[0].token_ids)
-    completion_tokens = 0
-    for index in range(job.n):
-        yield json_event(chat_chunk(header, index, {"role": "assistant", "content": ""}))
-    try:
-        async for event in generation.events(group, job.n):
-            if event.end is not None:
-                continue
-            delta = event.delta
-            completion_tokens += len(delta.token_ids)
-            if not delta.text and not delta.finished and not delta.logprobs:
-                continue
-            usage = Usage(prompt_tokens, completion_tokens) if job.continuous_usage else None
-            content = {"content": delta.text} if delta.text else {}
-            logprobs = _logprobs(job, delta.logprobs, rendering)
-            yield json_event(
-                chat_chunk(
-                    header,
-                    event.choice,
-                    content,
-                    delta.finish_reason,
-                    delta.stop_reason,
-                    usage,
-                    logprobs,
-                )
-            )
-    except DomainError as error:
-        yield error_event(error)
-        yield done_event()
-        return
-    if job.include_usage:
-        yield json_event(usage_chunk(header, Usage(prompt_tokens, completion_tokens), chat=True))
-    yield done_event()
+    def build(index: int, delta: ChoiceDelta, text: str, usage: Usage | None) -> dict:
+        content = {"content": text} if text else {}
+        logprobs = _logprobs(job, delta.logprobs, rendering)
+        return chat_chunk(
+            header, index, content, delta.finish_reason, delta.stop_reason, usage, logprobs
+        )
+
+    opening = [
+        chat_chunk(header, index, {"role": "assistant", "content": ""}) for index in range(job.n)
+    ]
+    return stream_chunks(header, job, group, build, chat=True, opening=opening)

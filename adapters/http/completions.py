@@ -12,11 +12,11 @@ from adapters.http.body import read_json
 from adapters.http.engine_bridge import RequestGroup
 from adapters.http.parsing import completion_job
 from adapters.http.serving import HttpSettings, ModelHolder
-from adapters.http.sse import done_event, error_event, json_event
-from domain.errors import DomainError
+from adapters.http.sse import done_event, json_event
+from adapters.http.streaming import stream_chunks
 from domain.jobs import GenerationJob
 from domain.logprob_presentation import TokenRendering, completion_logprobs
-from domain.outputs import LogprobEntry, Usage
+from domain.outputs import ChoiceDelta, LogprobEntry, Usage
 from domain.presentation import (
     ChoiceResult,
     ResponseHeader,
@@ -93,41 +93,15 @@ async def _echo_only_events(
     yield done_event()
 
 
-async def _stream(
+def _stream(
     header: ResponseHeader, job: GenerationJob, group: RequestGroup, rendering: TokenRendering
 ) -> AsyncIterator[SSEvent]:
-    started: set[int] = set()
-    prompt_tokens = sum(len(p.token_ids) for p in job.prompts)
-    completion_tokens = 0
-    try:
-        async for event in generation.events(group, job.n):
-            if event.end is not None:
-                continue
-            delta = event.delta
-            completion_tokens += len(delta.token_ids)
-            text = delta.text
-            if event.choice not in started:
-                started.add(event.choice)
-                text = _echo_prefix(job, event.choice) + text
-            if not text and not delta.finished and not delta.logprobs:
-                continue
-            usage = Usage(prompt_tokens, completion_tokens) if job.continuous_usage else None
-            logprobs = _logprobs(job, delta.logprobs, rendering)
-            yield json_event(
-                completion_chunk(
-                    header,
-                    event.choice,
-                    text,
-                    delta.finish_reason,
-                    delta.stop_reason,
-                    usage,
-                    logprobs,
-                )
-            )
-    except DomainError as error:
-        yield error_event(error)
-        yield done_event()
-        return
-    if job.include_usage:
-        yield json_event(usage_chunk(header, Usage(prompt_tokens, completion_tokens), chat=False))
-    yield done_event()
+    def build(index: int, delta: ChoiceDelta, text: str, usage: Usage | None) -> dict:
+        logprobs = _logprobs(job, delta.logprobs, rendering)
+        return completion_chunk(
+            header, index, text, delta.finish_reason, delta.stop_reason, usage, logprobs
+        )
+
+    return stream_chunks(
+        header, job, group, build, chat=False, prefix=lambda index: _echo_prefix(job, index)
+    )

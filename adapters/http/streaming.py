@@ -1,0 +1,60 @@
+"""The SSE body shared by completions and chat: one chunk per released delta, usage, `[DONE]`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterable
+
+from falcon.asgi import SSEvent
+
+from adapters.http.engine_bridge import RequestGroup
+from adapters.http.generation import events
+from adapters.http.sse import done_event, error_event, json_event
+from domain.errors import DomainError
+from domain.jobs import GenerationJob
+from domain.outputs import ChoiceDelta, Usage
+from domain.presentation import ResponseHeader, usage_chunk
+
+# (choice index, delta, text to send, usage so far or None) -> the chunk's wire object
+ChunkBuilder = Callable[[int, ChoiceDelta, str, Usage | None], dict]
+
+
+async def stream_chunks(
+    header: ResponseHeader,
+    job: GenerationJob,
+    group: RequestGroup,
+    build: ChunkBuilder,
+    *,
+    chat: bool,
+    opening: Iterable[dict] = (),
+    prefix: Callable[[int], str] = lambda index: "",
+) -> AsyncIterator[SSEvent]:
+    """Deltas with nothing to say are skipped; `prefix(i)` starts choice i's first chunk.
+
+    A failure after the stream started arrives as an error frame, then `[DONE]`.
+    """
+    for frame in opening:
+        yield json_event(frame)
+    started: set[int] = set()
+    prompt_tokens = sum(len(prompt.token_ids) for prompt in job.prompts)
+    completion_tokens = 0
+    try:
+        async for event in events(group, job.n):
+            if event.end is not None:
+                continue
+            delta = event.delta
+            completion_tokens += len(delta.token_ids)
+            text = delta.text
+            if event.choice not in started:
+                started.add(event.choice)
+                text = prefix(event.choice) + text
+            if not text and not delta.finished and not delta.logprobs:
+                continue
+            usage = Usage(prompt_tokens, completion_tokens) if job.continuous_usage else None
+            yield json_event(build(event.choice, delta, text, usage))
+    except DomainError as error:
+        yield error_event(error)
+        yield done_event()
+        return
+    if job.include_usage:
+        yield json_event(usage_chunk(header, Usage(prompt_tokens, completion_tokens), chat=chat))
+    yield done_event()
