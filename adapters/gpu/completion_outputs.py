@@ -19,11 +19,7 @@ class _FrameRequests:
 
     lanes: tuple[int, ...]
     pairs: dict[int, int]
-
-    @property
-    def width(self) -> int:
-        """W: the copy covers the chosen pair and the frame's largest alternative count."""
-        return max(self.pairs.values(), default=0)
+    width: int  # W = max(K, the frame's largest selected-ID count)
 
 
 class CompletionOutputs:
@@ -76,7 +72,8 @@ class CompletionOutputs:
         if self.counts is not None:
             self.counts.copy_(torch.tensor(counts, dtype=torch.int32))
         pairs = {w.slot: (len(w.logprobs.token_ids) or self._top_k) for w in requesting}
-        self._requests[frame] = _FrameRequests(tuple(pairs), pairs) if requesting else None
+        width = max(self._top_k, *pairs.values()) if requesting else 0
+        self._requests[frame] = _FrameRequests(tuple(pairs), pairs, width) if requesting else None
         return bool(requesting)
 
     def reduce(
