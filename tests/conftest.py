@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 from hypothesis import settings
@@ -17,6 +18,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 def pytest_configure(config: pytest.Config) -> None:
     # The Rust tokenizer pool warns, and can deadlock, when xdist or a server forks after use.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Without a GPU, Triton kernels run in its interpreter, chosen before triton is imported.
+    if shutil.which("nvidia-smi") is None:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def _cuda_unavailable_reason() -> str | None:

@@ -28,6 +28,9 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
         help="bytes for the paged KV cache (default: 1 GiB on CPU, 80%% free on CUDA)",
     )
     parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--logprobs-backend", default="auto",
+                        choices=("auto", "reference", "triton"),
+                        help="logprob reduction: triton on CUDA, the torch reference elsewhere")
 
 
 def runner_settings(args: argparse.Namespace) -> RunnerSettings:
@@ -38,6 +41,7 @@ def runner_settings(args: argparse.Namespace) -> RunnerSettings:
         max_model_len=args.max_model_len,
         kv_cache_bytes=args.kv_cache_memory,
         block_size=args.block_size,
+        logprobs_backend=args.logprobs_backend,
     )
 
 

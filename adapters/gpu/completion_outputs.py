@@ -33,7 +33,9 @@ class CompletionOutputs:
     submission set flags. Submissions that sample nothing get neither flags nor transfers.
     """
 
-    def __init__(self, geometry: ExecutorGeometry, device: torch.device) -> None:
+    def __init__(
+        self, geometry: ExecutorGeometry, device: torch.device, backend: str = "reference"
+    ) -> None:
         capacity, tokens = geometry.capacity, geometry.token_capacity
         self._geometry = geometry
         self._device = device
@@ -53,7 +55,7 @@ class CompletionOutputs:
                     (capacity, MAX_SELECTED_IDS), dtype=torch.int32, device=device
                 )
                 self.counts = torch.zeros(capacity, dtype=torch.int32, device=device)
-            self._reducer = ReferenceLogprobReducer(geometry.vocab_size, self._top_k)
+            self._reducer = _reducer(backend, geometry.vocab_size, self._top_k)
 
     def upload(self, frame: int, sampling: list[SlotWork]) -> bool:
         """Writes this submission's flags, counts and ID prefixes; True if any lane requests."""
@@ -123,3 +125,15 @@ class CompletionOutputs:
                 tuple(unpack_position(rows[i], pairs) for i in range(len(record.tokens)))
             )
         return FrameResult(frame, records, tuple(logprobs))
+
+
+def _reducer(backend: str, vocab_size: int, top_k: int) -> ReferenceLogprobReducer:
+    """Both backends write the same words; Triton's launches are prepared here, at start-up."""
+    if backend == "triton":
+        # Imported only when chosen: triton is heavy and absent from some installs.
+        from adapters.gpu.logprobs_triton import TritonLogprobReducer
+
+        return TritonLogprobReducer(vocab_size, top_k)
+    if backend != "reference":
+        raise ValueError(f"unknown logprobs backend {backend!r}")
+    return ReferenceLogprobReducer(vocab_size, top_k)

@@ -29,6 +29,8 @@ class TorchExecutor:
         kv_cache: PagedKVCache,
         geometry: ExecutorGeometry,
         device: torch.device,
+        *,
+        logprobs_backend: str = "reference",
     ) -> None:
         self._model = model
         self._kv_cache = kv_cache
@@ -37,7 +39,7 @@ class TorchExecutor:
         self._sampler = Sampler()
         self._penalties = PenaltyState(geometry.capacity, geometry.vocab_size, device)
         # Two frames so a reader can hold one while the next submission writes the other.
-        self._outputs = CompletionOutputs(geometry, device)
+        self._outputs = CompletionOutputs(geometry, device, logprobs_backend)
         self._next_frame = 0
 
     @property

@@ -17,6 +17,7 @@ from domain.records import resolve_token_capacity
 from domain.step import ExecutorGeometry
 
 _CAPACITY_ALIGNMENT = 8
+_LOGPROB_BACKENDS = ("auto", "reference", "triton")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -31,12 +32,16 @@ class RunnerSettings:
     kv_cache_bytes: int | None = None
     block_size: int = 16
     token_capacity: int = 0
+    logprobs_backend: str = "auto"
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be auto or one of {sorted(_DTYPES)}, not {self.dtype!r}")
+        if self.logprobs_backend not in _LOGPROB_BACKENDS:
+            raise ValueError(f"logprobs_backend must be one of {sorted(_LOGPROB_BACKENDS)}, "
+                             f"not {self.logprobs_backend!r}")
         if self.max_num_seqs < 1 or self.block_size < 1:
             raise ValueError("max_num_seqs and block_size must be positive")
 
@@ -44,6 +49,12 @@ class RunnerSettings:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
+
+    def resolve_logprobs_backend(self, device: torch.device) -> str:
+        """Triton's prepared launches on CUDA; the torch reference elsewhere (same output)."""
+        if self.logprobs_backend == "auto":
+            return "triton" if device.type == "cuda" else "reference"
+        return self.logprobs_backend
 
     def resolve_dtype(self, device: torch.device) -> torch.dtype:
         if self.dtype == "auto":
@@ -113,4 +124,5 @@ def build_executor(
         logprob_top_k=capability.top_k,
         selects_logprob_ids=capability.selects_ids,
     )
-    return TorchExecutor(model, kv_cache, geometry, device)
+    backend = settings.resolve_logprobs_backend(device)
+    return TorchExecutor(model, kv_cache, geometry, device, logprobs_backend=backend)

@@ -24,21 +24,25 @@ def http_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model_dir(tmp_path_factory.mktemp("http-tiny"))
 
 
+def serve_tiny(model_dir: Path, **runner: object) -> ServedModel:
+    """The tiny model behind a started engine; the caller stops it."""
+    settings = dict(
+        device="cpu",
+        max_num_seqs=8,
+        max_model_len=MAX_MODEL_LEN,
+        kv_cache_bytes=16 << 20,
+        block_size=8,
+    )
+    settings.update(runner)
+    config = ServeConfig(
+        model=str(model_dir), served_model_name=MODEL_NAME, runner=RunnerSettings(**settings)
+    )
+    return load_served_model(config)
+
+
 @pytest.fixture(scope="session")
 def served(http_model_dir: Path) -> Iterator[ServedModel]:
-    model_dir = http_model_dir
-    config = ServeConfig(
-        model=str(model_dir),
-        served_model_name=MODEL_NAME,
-        runner=RunnerSettings(
-            device="cpu",
-            max_num_seqs=8,
-            max_model_len=MAX_MODEL_LEN,
-            kv_cache_bytes=16 << 20,
-            block_size=8,
-        ),
-    )
-    model = load_served_model(config)
+    model = serve_tiny(http_model_dir)
     yield model
     model.stop()
 

@@ -6,11 +6,35 @@ import math
 
 import pytest
 import torch
+from falcon import testing
 
+from adapters.http.app import create_app
+from adapters.http.serving import ModelHolder
+from tests.integration.http.conftest import serve_tiny
 from tests.support.asgi_stream import stream_post
 from tests.support.sse import json_frames
 
 LENGTH = {"ignore_eos": True}
+
+
+@pytest.fixture(scope="module", params=["reference", "triton"])
+def backend_served(request, http_model_dir):
+    """Every test here runs against both reducers behind the same port."""
+    if request.param == "triton":
+        pytest.importorskip("triton")
+    served = serve_tiny(http_model_dir, logprobs_backend=request.param)
+    yield served
+    served.stop()
+
+
+@pytest.fixture(scope="module")
+def app(backend_served):
+    return create_app(ModelHolder(served=backend_served))
+
+
+@pytest.fixture(scope="module")
+def client(app) -> testing.TestClient:
+    return testing.TestClient(app)
 
 
 def completion(client, **body):
@@ -271,8 +295,16 @@ def test_chat_alternatives_ignore_temperature_penalties_top_p_and_bias(client):
     base = {"max_tokens": 1, "logprobs": True, "top_logprobs": 5, **LENGTH}
 
     raw = chat(client, temperature=0, **base)["choices"][0]["logprobs"]["content"][0]
-    processed = chat(client, temperature=1.7, top_p=0.3, seed=2, presence_penalty=1.5,
-                     frequency_penalty=1.0, repetition_penalty=1.8, logit_bias={"7": 50},
-                     **base)["choices"][0]["logprobs"]["content"][0]
+    processed = chat(
+        client,
+        temperature=1.7,
+        top_p=0.3,
+        seed=2,
+        presence_penalty=1.5,
+        frequency_penalty=1.0,
+        repetition_penalty=1.8,
+        logit_bias={"7": 50},
+        **base,
+    )["choices"][0]["logprobs"]["content"][0]
 
     assert processed["top_logprobs"] == raw["top_logprobs"]

@@ -1,0 +1,343 @@
+"""Vocabulary-sharded generation logprobs: per-rank shard work joined by two compact exchanges."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from adapters.gpu.logprobs_reference import order_keys
+from domain.logprobs import MAX_SELECTED_IDS, NATURAL_TOP_K, NO_TOKEN
+
+EXCHANGE_WORDS = 256
+SHARD_CANDIDATES = 32
+
+_LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_LOW_WORD = 0xFFFFFFFF
+# Below every real key: a real key's low word is 2**32 - 1 - token_id, never zero.
+_NO_KEY = -(2**63)
+
+# Exchange 1 words of a position: the shard's FP32 maximum and its exponential mass.
+_PEAK_WORD, _MASS_WORD = 0, 1
+# Exchange 2 words of a position. A natural row carries its 32 best int64 keys as 64 words, then
+# the 32 reported FP32 values; a selecting row carries the 128 selected raw logits instead.
+_KEY_WORDS = slice(0, 2 * SHARD_CANDIDATES)
+_VALUE_WORDS = slice(2 * SHARD_CANDIDATES, 3 * SHARD_CANDIDATES)
+_SELECTED_WORDS = slice(0, MAX_SELECTED_IDS)
+_CHOSEN_WORD = MAX_SELECTED_IDS
+
+
+def shard_range(vocab_size: int, world_size: int, rank: int) -> tuple[int, int]:
+    """The token IDs [start, stop) that `rank` holds: ceil(V / world) per rank, in rank order.
+
+    Only the last non-empty range can be shorter, and with fewer tokens than ranks the trailing
+    ranks hold empty ranges. A rank's logits tensor may be wider than its range (a shard width
+    padded for every rank alike); lanes past the range are padding and never count.
+    """
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be positive, got {vocab_size}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be positive, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in 0..{world_size - 1}, got {rank}")
+    width = -(-vocab_size // world_size)
+    start = min(rank * width, vocab_size)
+    return start, min(start + width, vocab_size)
+
+
+class VocabParallelLogprobReducer:
+    """The reference reduction for logits split by vocabulary across the ranks of `group`.
+
+    Each rank passes its own shard and the same replicated row inputs (slots, positions, chosen,
+    flags, counts, IDs). The stages mirror the prepared kernels: shard maximum and mass, exchange
+    1, the global normalization, shard candidates and owned raw logits, exchange 2, and a final
+    merge that writes the same packed output as `ReferenceLogprobReducer` on every rank. Each
+    exchange is one all-gather of EXCHANGE_WORDS FP32 words per requesting position per rank;
+    logits never travel.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        top_k: int,
+        rank: int,
+        world_size: int,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        if not 1 <= top_k <= NATURAL_TOP_K:
+            raise ValueError(f"top_k must be in 1..{NATURAL_TOP_K}, got {top_k}")
+        self.start, self.stop = shard_range(vocab_size, world_size, rank)
+        self.vocab_size = vocab_size
+        self.top_k = top_k
+        self.rank = rank
+        self.world_size = world_size
+        self.group = group
+        self._stride = -(-vocab_size // world_size)
+
+    def reduce(
+        self,
+        logits_shard: torch.Tensor,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        chosen: torch.Tensor,
+        requested: torch.Tensor,
+        counts: torch.Tensor | None,
+        token_ids: torch.Tensor | None,
+        out: torch.Tensor,
+    ) -> None:
+        """Writes each requesting row's chosen pair and alternative pairs to out[slot, position].
+
+        `logits_shard` [R, >= stop - start] holds this rank's raw logits, only read. Semantics
+        match `ReferenceLogprobReducer.reduce`. Flags are replicated, so every rank finds the same
+        requesting rows: with none, every rank returns before either exchange.
+        """
+        self._check(logits_shard, out, counts, token_ids)
+        wanted = requested.index_select(0, slots) != 0
+        rows = torch.nonzero(wanted).squeeze(1)
+        if rows.numel() == 0:
+            return
+        self._check_group()
+        slots, positions = slots.index_select(0, rows), positions.index_select(0, rows)
+        chosen = chosen.index_select(0, rows).to(torch.int64)
+        raw = logits_shard[:, : self.stop - self.start].index_select(0, rows).to(torch.float32)
+
+        lse = self._normalizer(self._exchange(self._shard_statistics(raw)))
+        selects, selected_ids, in_prefix = self._selection(slots, counts, token_ids, rows.numel())
+        gathered = self._exchange(
+            self._candidates(raw, lse, chosen, selects, selected_ids, in_prefix)
+        )
+        self._merge(gathered, lse, slots, positions, chosen, selects, selected_ids, in_prefix, out)
+
+    def _check(
+        self,
+        logits_shard: torch.Tensor,
+        out: torch.Tensor,
+        counts: torch.Tensor | None,
+        token_ids: torch.Tensor | None,
+    ) -> None:
+        if logits_shard.dtype not in _LOGIT_DTYPES:
+            raise TypeError(
+                f"logits must be float32, bfloat16 or float16, got {logits_shard.dtype}"
+            )
+        width = self.stop - self.start
+        if logits_shard.dim() != 2 or logits_shard.shape[1] < width:
+            raise ValueError(
+                f"rank {self.rank} logits must be [rows, >= {width}], "
+                f"got {tuple(logits_shard.shape)}"
+            )
+        if (counts is None) != (token_ids is None):
+            raise ValueError("counts and token_ids are declared together or not at all")
+        needed = MAX_SELECTED_IDS if counts is not None else self.top_k
+        if out.dtype != torch.int32 or out.dim() != 3 or out.shape[2] < 2 + 2 * needed:
+            raise ValueError(
+                f"out must be int32 [capacity, T, >= {2 + 2 * needed}], got "
+                f"{out.dtype} {tuple(out.shape)}"
+            )
+        if not out.is_contiguous():
+            raise ValueError("out must be contiguous: it is written through its flat view")
+
+    def _check_group(self) -> None:
+        # A mismatch would pair shards with the wrong ranks' statistics, silently.
+        world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
+        if (world, rank) != (self.world_size, self.rank):
+            raise ValueError(
+                f"reducer is rank {self.rank} of {self.world_size}, "
+                f"the group has rank {rank} of {world}"
+            )
+
+    def _exchange(self, words: torch.Tensor) -> torch.Tensor:
+        """[n, 256] int32 words of this rank -> [world, n, 256] of every rank, in rank order.
+
+        The words travel as FP32 through one all-gather; only copies touch them, so any bit
+        pattern (bit-cast keys included) arrives unchanged.
+        """
+        sent = words.view(torch.float32)
+        received = [torch.empty_like(sent) for _ in range(self.world_size)]
+        dist.all_gather(received, sent, group=self.group)
+        return torch.stack(received).view(torch.int32)
+
+    def _words(self, rows: int, device: torch.device) -> torch.Tensor:
+        # Reserved words stay zero so that the exchanged payload is deterministic.
+        return torch.zeros(rows, EXCHANGE_WORDS, dtype=torch.int32, device=device)
+
+    def _shard_statistics(self, raw: torch.Tensor) -> torch.Tensor:
+        """Exchange 1 payload: FP32 max and sum(exp(x - shift)) of the shard's real lanes.
+
+        The shift is the max unless that is infinite (an empty or all -inf shard uses 0), as the
+        single-rank normalizer does.
+        """
+        words = self._words(raw.shape[0], raw.device)
+        if raw.shape[1] == 0:
+            peak = torch.full((raw.shape[0],), float("-inf"), device=raw.device)
+            mass = torch.zeros_like(peak)
+        else:
+            peak = raw.amax(dim=1)
+            shift = torch.where(torch.isinf(peak), torch.zeros_like(peak), peak)
+            mass = torch.exp(raw - shift[:, None]).sum(dim=1)
+        statistics = torch.stack([peak, mass], dim=1).view(torch.int32)
+        words[:, _PEAK_WORD : _MASS_WORD + 1] = statistics
+        return words
+
+    def _normalizer(self, gathered: torch.Tensor) -> torch.Tensor:
+        """The global FP32 log normalizer, combined in rank order so every rank gets equal bits."""
+        peaks = gathered[:, :, _PEAK_WORD].contiguous().view(torch.float32)
+        masses = gathered[:, :, _MASS_WORD].contiguous().view(torch.float32)
+        peak = peaks.amax(dim=0)
+        shift = torch.where(torch.isinf(peak), torch.zeros_like(peak), peak)
+        local = torch.where(torch.isinf(peaks), torch.zeros_like(peaks), peaks)
+        total = torch.zeros_like(shift)
+        for rank in range(self.world_size):
+            # An empty shard's zero mass must stay zero even where exp() of its shift overflows.
+            scaled = masses[rank] * torch.exp(local[rank] - shift)
+            total = total + torch.where(masses[rank] > 0, scaled, torch.zeros_like(scaled))
+        return shift + torch.log(total)
+
+    def _selection(
+        self,
+        slots: torch.Tensor,
+        counts: torch.Tensor | None,
+        token_ids: torch.Tensor | None,
+        rows: int,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Which rows select IDs, their [rows, 128] IDs and which of those are in the prefix."""
+        if counts is None or token_ids is None:
+            return torch.zeros(rows, dtype=torch.bool, device=slots.device), None, None
+        count = counts.index_select(0, slots).to(torch.int64).clamp(max=MAX_SELECTED_IDS)
+        index = torch.arange(MAX_SELECTED_IDS, device=slots.device)
+        # IDs past a slot's uploaded prefix are stale and are never used as read indices.
+        in_prefix = index[None, :] < count[:, None]
+        return count > 0, token_ids.index_select(0, slots).to(torch.int64), in_prefix
+
+    def _candidates(
+        self,
+        raw: torch.Tensor,
+        lse: torch.Tensor,
+        chosen: torch.Tensor,
+        selects: torch.Tensor,
+        selected_ids: torch.Tensor | None,
+        in_prefix: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Exchange 2 payload: owned raw logits of the chosen and selected IDs, shard top keys."""
+        words = self._words(raw.shape[0], raw.device)
+        keys, bits = self._shard_best(raw.sub(lse[:, None]))
+        words[:, _KEY_WORDS] = keys.view(torch.int32)
+        words[:, _VALUE_WORDS] = bits
+        words[:, _CHOSEN_WORD] = self._owned(raw, chosen[:, None], None)[:, 0]
+        if selected_ids is not None:
+            owned = self._owned(raw, selected_ids, in_prefix)
+            words[:, _SELECTED_WORDS] = torch.where(
+                selects[:, None], owned, words[:, _SELECTED_WORDS]
+            )
+        return words
+
+    def _shard_best(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The shard's 32 largest sort keys and their reported FP32 bits, padded with no-keys."""
+        rows, width = values.shape
+        best = min(SHARD_CANDIDATES, width)
+        keys = torch.full((rows, SHARD_CANDIDATES), _NO_KEY, device=values.device)
+        bits = torch.zeros(rows, SHARD_CANDIDATES, dtype=torch.int32, device=values.device)
+        if best:
+            ids = torch.arange(self.start, self.stop, dtype=torch.int64, device=values.device)
+            top = torch.topk(order_keys(values, ids), best, dim=1).values
+            local = (_LOW_WORD - (top & _LOW_WORD)) - self.start
+            keys[:, :best] = top
+            # Bits come from the values themselves, so a reported -0.0 keeps its sign.
+            bits[:, :best] = values.gather(1, local).view(torch.int32)
+        return keys, bits
+
+    def _owned(
+        self, raw: torch.Tensor, ids: torch.Tensor, wanted: torch.Tensor | None
+    ) -> torch.Tensor:
+        """int32 bits of the raw logit of each ID this rank owns; a NaN marker for the rest."""
+        owns = (ids >= self.start) & (ids < self.stop)
+        if wanted is not None:
+            owns &= wanted
+        marker = torch.full(ids.shape, float("nan"), device=raw.device)
+        if raw.shape[1] == 0:
+            return marker.view(torch.int32)
+        safe = torch.where(owns, ids - self.start, torch.zeros_like(ids))
+        return torch.where(owns, raw.gather(1, safe), marker).view(torch.int32)
+
+    def _owner_words(self, gathered: torch.Tensor, ids: torch.Tensor, word: int) -> torch.Tensor:
+        """FP32 words [rows, columns] from the rank owning each ID, columns starting at `word`."""
+        owner = (ids.clamp(0, self.vocab_size - 1) // self._stride).clamp(max=self.world_size - 1)
+        row = torch.arange(ids.shape[0], device=ids.device)[:, None]
+        column = word + torch.arange(ids.shape[1], device=ids.device)[None, :]
+        return gathered[owner, row, column].view(torch.float32)
+
+    def _reported(
+        self, gathered: torch.Tensor, lse: torch.Tensor, ids: torch.Tensor, word: int
+    ) -> torch.Tensor:
+        """int32 bits of logit - lse for each ID; NaN for an ID outside the vocabulary."""
+        raw = self._owner_words(gathered, ids, word)
+        inside = (ids >= 0) & (ids < self.vocab_size)
+        value = raw - lse[:, None]
+        return torch.where(inside, value, torch.full_like(value, float("nan"))).view(torch.int32)
+
+    def _natural(self, gathered: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The K best (ID, bits) pairs among every rank's candidates; (-1, 0) where none is left."""
+        rows = gathered.shape[1]
+        keys = gathered[:, :, _KEY_WORDS].permute(1, 0, 2).reshape(rows, -1)
+        bits = gathered[:, :, _VALUE_WORDS].permute(1, 0, 2).reshape(rows, -1)
+        top, at = torch.topk(keys.contiguous().view(torch.int64), self.top_k, dim=1)
+        missing = top == _NO_KEY
+        ids = torch.where(missing, NO_TOKEN, _LOW_WORD - (top & _LOW_WORD))
+        top_bits = torch.where(missing, 0, bits.gather(1, at))
+        return ids.to(torch.int32), top_bits
+
+    def _merge(
+        self,
+        gathered: torch.Tensor,
+        lse: torch.Tensor,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        chosen: torch.Tensor,
+        selects: torch.Tensor,
+        selected_ids: torch.Tensor | None,
+        in_prefix: torch.Tensor | None,
+        out: torch.Tensor,
+    ) -> None:
+        """Final stage: the packed chosen pair and alternative pairs of every requesting row."""
+        chosen_bits = self._reported(gathered, lse, chosen[:, None], _CHOSEN_WORD)[:, 0]
+        pair_ids, pair_bits = self._natural(gathered)
+        live = None
+        if selected_ids is not None and in_prefix is not None:
+            padding = MAX_SELECTED_IDS - self.top_k
+            pair_ids = torch.nn.functional.pad(pair_ids, (0, padding), value=NO_TOKEN)
+            pair_bits = torch.nn.functional.pad(pair_bits, (0, padding), value=0)
+            safe = torch.where(in_prefix, selected_ids, torch.zeros_like(selected_ids))
+            selected_bits = self._reported(gathered, lse, safe, _SELECTED_WORDS.start)
+            pair_ids = torch.where(selects[:, None], selected_ids.to(torch.int32), pair_ids)
+            pair_bits = torch.where(selects[:, None], selected_bits, pair_bits)
+            index = torch.arange(MAX_SELECTED_IDS, device=out.device)
+            live = torch.where(selects[:, None], in_prefix, index[None, :] < self.top_k)
+        _scatter(out, slots, positions, chosen, chosen_bits, pair_ids, pair_bits, live)
+
+
+def _scatter(
+    out: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    chosen: torch.Tensor,
+    chosen_bits: torch.Tensor,
+    pair_ids: torch.Tensor,
+    pair_bits: torch.Tensor,
+    live: torch.Tensor | None,
+) -> None:
+    """Writes the chosen pair and the live pairs into the flat frame with one static scatter.
+
+    A pair that must stay untouched rewrites the chosen pair's own words with the chosen pair,
+    so no mask has to reach the host and no other word changes.
+    """
+    rows, pairs = pair_ids.shape
+    offsets = torch.arange(2, 2 + 2 * pairs, device=out.device).expand(rows, -1)
+    words = torch.stack([pair_ids, pair_bits], dim=2).flatten(1)
+    if live is not None:
+        alive = live.repeat_interleave(2, dim=1)
+        offsets = torch.where(alive, offsets, offsets % 2)
+        head = torch.stack([chosen.to(torch.int32), chosen_bits], dim=1).repeat(1, pairs)
+        words = torch.where(alive, words, head)
+    head_offsets = torch.arange(2, device=out.device).expand(rows, -1)
+    base = (slots * out.shape[1] + positions) * out.shape[2]
+    index = base[:, None] + torch.cat([head_offsets, offsets], dim=1)
+    payload = torch.cat([chosen.to(torch.int32)[:, None], chosen_bits[:, None], words], dim=1)
+    out.view(-1).scatter_(0, index.flatten(), payload.flatten())

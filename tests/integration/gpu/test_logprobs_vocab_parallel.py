@@ -1,0 +1,496 @@
+"""Vocabulary-parallel logprobs on 2 and 3 gloo ranks agree with the single-rank reference."""
+
+from __future__ import annotations
+
+import json
+import math
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from adapters.gpu.logprobs_reference import ReferenceLogprobReducer
+from adapters.gpu.logprobs_vocab_parallel import (
+    EXCHANGE_WORDS,
+    VocabParallelLogprobReducer,
+    shard_range,
+)
+from domain.logprobs import FULL_POSITION_WORDS, MAX_SELECTED_IDS, NATURAL_TOP_K, bits_to_float
+
+SENTINEL = 0x5A5A5A5A
+WORLD_SIZES = (2, 3)
+# Padded lanes of the last shard hold values that would dominate any reduction they entered.
+PADDING = (1e30, math.inf, math.nan)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Full logits, the rows' (slot, position, chosen) and each requesting slot's selection."""
+
+    vocab: int
+    logits: torch.Tensor
+    rows: list[tuple[int, int, int]]
+    requests: dict[int, list[int] | None]
+    capacity: int
+    tokens: int = 1
+    full: bool = True
+    top_k: int = NATURAL_TOP_K
+    expected_ids: dict[int, list[int]] = field(default_factory=dict)
+
+    def frame(self) -> tuple[torch.Tensor, ...]:
+        """A sentinel-filled output with flags, counts and stale-filled IDs (or None, None)."""
+        words = FULL_POSITION_WORDS if self.full else 2 + 2 * self.top_k
+        out = torch.full((self.capacity, self.tokens, words), SENTINEL, dtype=torch.int32)
+        requested = torch.zeros(self.capacity, dtype=torch.int32)
+        counts = token_ids = None
+        if self.full:
+            counts = torch.zeros(self.capacity, dtype=torch.int32)
+            stale = torch.tensor([10**6, -5], dtype=torch.int32)
+            token_ids = stale.repeat(self.capacity, MAX_SELECTED_IDS // 2)
+        for slot, ids in self.requests.items():
+            requested[slot] = 1
+            if ids:
+                counts[slot] = len(ids)
+                token_ids[slot, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
+        return out, requested, counts, token_ids
+
+    def columns(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return tuple(torch.tensor([row[i] for row in self.rows]) for i in range(3))
+
+    def requesting_rows(self) -> int:
+        return sum(slot in self.requests for slot, _, _ in self.rows)
+
+
+def _random(rows: int, vocab: int, seed: int, dtype: torch.dtype, scale: float = 4.0):
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(rows, vocab, generator=generator) * scale).to(dtype)
+
+
+def _natural_mixed(dtype: torch.dtype) -> Scenario:
+    # Chosen IDs sit on both sides of the 2-rank (500) and 3-rank (334, 668) boundaries; slot 1
+    # does not request, and its rows carry a position no write could survive.
+    rows = [(0, 0, 0), (1, 9, 10**9), (0, 2, 333), (2, 0, 334), (3, 1, 999), (1, 9, 5)]
+    rows += [(2, 1, 499), (3, 0, 500), (0, 1, 667), (2, 2, 668)]
+    return Scenario(
+        vocab=1000,
+        logits=_random(len(rows), 1000, 7, dtype),
+        rows=rows,
+        requests={0: None, 2: None, 3: None},
+        capacity=4,
+        tokens=3,
+    )
+
+
+def _selected(dtype: torch.dtype) -> Scenario:
+    generator = torch.Generator().manual_seed(5)
+    many = torch.randperm(1000, generator=generator)[: MAX_SELECTED_IDS - 2].tolist()
+    # 1001 names a padded lane and -3 nothing: both report NaN without a read.
+    many = [i for i in many if i not in (333, 334, 499, 500, 667, 668)]
+    many = [999, 1001, 333, 334, -3, 499, 500, 667, 668] + many
+    many = many[:MAX_SELECTED_IDS]
+    rows = [(0, 0, 12), (1, 0, 700), (2, 0, 668), (3, 0, 1), (1, 1, 334)]
+    return Scenario(
+        vocab=1000,
+        logits=_random(len(rows), 1000, 9, dtype),
+        rows=rows,
+        requests={0: [11], 1: many, 2: None},
+        capacity=4,
+        tokens=2,
+    )
+
+
+def _ties_across_shards(dtype: torch.dtype) -> Scenario:
+    vocab = 90
+    logits = torch.full((2, vocab), -2.0)
+    logits[:, [40, 75, 10]] = torch.tensor([3.0, 2.5, 2.0])
+    tied = [89, 2, 50, 7, 33, 31, 48, 0, 21, 36, 59, 5, 17, 29, 44, 13, 52, 26, 38, 9, 61, 24]
+    tied += [30, 60, 45, 46, 44, 88]
+    logits[:, tied] = 1.0
+    winners = [40, 75, 10] + sorted(set(tied))[: NATURAL_TOP_K - 3]
+    return Scenario(
+        vocab=vocab,
+        logits=logits.to(dtype),
+        rows=[(0, 0, 40), (1, 0, 89)],
+        requests={0: None, 1: None},
+        capacity=2,
+        full=False,
+        expected_ids={0: winners, 1: winners},
+    )
+
+
+def _ties_everywhere() -> Scenario:
+    # Every shard holds more equal values than the 32 candidates it may offer.
+    return Scenario(
+        vocab=200,
+        logits=torch.full((1, 200), 0.25),
+        rows=[(0, 0, 150)],
+        requests={0: None},
+        capacity=1,
+        expected_ids={0: list(range(NATURAL_TOP_K))},
+    )
+
+
+def _small_vocabulary(vocab: int, full: bool) -> Scenario:
+    logits = torch.tensor(
+        [[0.5, 2.0, -1.0, 2.0, 0.0][:vocab], [1.0, -math.inf, 3.0, 0.5, 1.0][:vocab]]
+    )
+    ranked = sorted(range(vocab), key=lambda i: (-logits[0, i].item(), i))
+    return Scenario(
+        vocab=vocab,
+        logits=logits,
+        rows=[(0, 1, vocab - 1), (1, 0, 0)],
+        requests={0: None, 1: [vocab - 1, 0] if full else None},
+        capacity=2,
+        tokens=2,
+        full=full,
+        expected_ids={0: ranked + [-1] * (NATURAL_TOP_K - vocab)},
+    )
+
+
+def _one_finite_shard() -> Scenario:
+    # Every shard but rank 0's holds only -inf: zero mass that must not poison the normalizer.
+    vocab = 60
+    logits = torch.full((2, vocab), -math.inf)
+    logits[0, [3, 1, 7]] = torch.tensor([-200.0, -201.0, -199.5])
+    logits[1, 0] = 50.0
+    return Scenario(
+        vocab=vocab,
+        logits=logits,
+        rows=[(0, 0, 59), (1, 0, 0)],
+        requests={0: None, 1: [0, 59, 30]},
+        capacity=2,
+    )
+
+
+def _narrow_frame() -> Scenario:
+    rows = [(0, 0, 3), (1, 0, 400), (2, 0, 7)]
+    return Scenario(
+        vocab=1000,
+        logits=_random(len(rows), 1000, 3, torch.float32, scale=2.0),
+        rows=rows,
+        requests={0: None, 2: None},
+        capacity=3,
+        full=False,
+        top_k=2,
+    )
+
+
+def _nobody_requests() -> Scenario:
+    return Scenario(
+        vocab=1000,
+        logits=_random(2, 1000, 1, torch.float32),
+        rows=[(0, 0, 1), (1, 0, 2)],
+        requests={},
+        capacity=2,
+    )
+
+
+SCENARIOS = {
+    "natural_fp32": lambda: _natural_mixed(torch.float32),
+    "natural_bf16": lambda: _natural_mixed(torch.bfloat16),
+    "selected_fp32": lambda: _selected(torch.float32),
+    "selected_bf16": lambda: _selected(torch.bfloat16),
+    "ties_fp32": lambda: _ties_across_shards(torch.float32),
+    "ties_bf16": lambda: _ties_across_shards(torch.bfloat16),
+    "ties_everywhere": _ties_everywhere,
+    "vocab_5_natural": lambda: _small_vocabulary(5, full=False),
+    "vocab_5_full": lambda: _small_vocabulary(5, full=True),
+    "vocab_2_full": lambda: _small_vocabulary(2, full=True),
+    "one_finite_shard": _one_finite_shard,
+    "narrow_frame": _narrow_frame,
+    "nobody_requests": _nobody_requests,
+}
+
+
+def _shard(logits: torch.Tensor, vocab: int, world: int, rank: int) -> torch.Tensor:
+    """This rank's columns, every shard as wide as the first, the missing lanes padded."""
+    start, stop = shard_range(vocab, world, rank)
+    width = shard_range(vocab, world, 0)[1]
+    shard = torch.empty(logits.shape[0], width, dtype=logits.dtype)
+    shard[:, stop - start :] = torch.tensor(PADDING * width)[: width - (stop - start)].to(
+        logits.dtype
+    )
+    shard[:, : stop - start] = logits[:, start:stop]
+    return shard
+
+
+def _run(scenario: Scenario, world: int, rank: int) -> dict:
+    """This rank's packed output and the (shape, dtype, ranks) of each all-gather it made."""
+    calls: list[list] = []
+    original = dist.all_gather
+
+    def counting(tensor_list, tensor, group=None, async_op=False):
+        calls.append([list(tensor.shape), str(tensor.dtype), len(tensor_list)])
+        return original(tensor_list, tensor, group=group, async_op=async_op)
+
+    out, requested, counts, token_ids = scenario.frame()
+    slots, positions, chosen = scenario.columns()
+    shard = _shard(scenario.logits, scenario.vocab, world, rank)
+    before = shard.clone()
+    reducer = VocabParallelLogprobReducer(scenario.vocab, scenario.top_k, rank, world)
+    dist.all_gather = counting
+    try:
+        reducer.reduce(shard, slots, positions, chosen, requested, counts, token_ids, out)
+    finally:
+        dist.all_gather = original
+    # Bytes, not values: NaN padding never equals itself.
+    untouched = torch.equal(shard.view(torch.uint8), before.view(torch.uint8))
+    return {"out": out.flatten().tolist(), "calls": calls, "shard_untouched": untouched}
+
+
+def _misplaced_rank(world: int, rank: int) -> str | None:
+    """The error text of a reducer told the wrong rank: every rank refuses before any exchange."""
+    scenario = _natural_mixed(torch.float32)
+    out, requested, counts, token_ids = scenario.frame()
+    reducer = VocabParallelLogprobReducer(scenario.vocab, NATURAL_TOP_K, (rank + 1) % world, world)
+    width = shard_range(scenario.vocab, world, 0)[1]
+    try:
+        reducer.reduce(
+            torch.zeros(len(scenario.rows), width),
+            *scenario.columns(),
+            requested,
+            counts,
+            token_ids,
+            out,
+        )
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def _worker(rank: int, world: int, directory: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{directory}/rendezvous",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=30),
+    )
+    results: dict = {}
+    try:
+        for name, build in SCENARIOS.items():
+            try:
+                results[name] = _run(build(), world, rank)
+            except Exception:
+                results[name] = {"error": traceback.format_exc()}
+        results["misplaced_rank"] = _misplaced_rank(world, rank)
+    finally:
+        Path(directory, f"rank{rank}.json").write_text(json.dumps(results))
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> dict[tuple[int, int], dict]:
+    """(world, rank) -> scenario name -> what that rank produced, from one spawn per world."""
+    found = {}
+    for world in WORLD_SIZES:
+        directory = tmp_path_factory.mktemp(f"world{world}")
+        mp.start_processes(
+            _worker, args=(world, str(directory)), nprocs=world, start_method="spawn"
+        )
+        for rank in range(world):
+            found[world, rank] = json.loads((directory / f"rank{rank}.json").read_text())
+    return found
+
+
+def _produced(outcomes, name: str) -> list[tuple[int, int, torch.Tensor]]:
+    """(world, rank, packed output) of every rank, after checking that none of them failed."""
+    scenario = SCENARIOS[name]()
+    shape = scenario.frame()[0].shape
+    produced = []
+    for (world, rank), results in outcomes.items():
+        result = results[name]
+        assert "error" not in result, f"world {world} rank {rank}:\n{result['error']}"
+        assert result["shard_untouched"]
+        out = torch.tensor(result["out"], dtype=torch.int32).view(shape)
+        produced.append((world, rank, out))
+    return produced
+
+
+def _reference(scenario: Scenario) -> torch.Tensor:
+    out, requested, counts, token_ids = scenario.frame()
+    ReferenceLogprobReducer(scenario.vocab, scenario.top_k).reduce(
+        scenario.logits, *scenario.columns(), requested, counts, token_ids, out
+    )
+    return out
+
+
+def _ordered(bits: torch.Tensor) -> torch.Tensor:
+    """FP32 bits as int64 integers in value order: adjacent floats differ by one."""
+    bits = bits.to(torch.int64)
+    return torch.where(bits >= 0, bits, -(bits & 0x7FFFFFFF))
+
+
+def _ulp(values: torch.Tensor) -> torch.Tensor:
+    magnitude = values.abs()
+    return torch.nextafter(magnitude, torch.full_like(magnitude, math.inf)) - magnitude
+
+
+def _allowed_ulps(scenario: Scenario, shape: torch.Size) -> torch.Tensor:
+    """Per value word: 2 ulps of the value plus 2 ulps of its row's normalizer, in value ulps.
+
+    The shards' masses are summed in another order than the single-rank sum, so the normalizer
+    may land an FP32 step or two away; a value much smaller than the normalizer (a likely token)
+    inherits that step in its own finer ulps.
+    """
+    expected = _reference(scenario)[..., 1::2].contiguous().view(torch.float32)
+    lse = torch.logsumexp(scenario.logits[:, : scenario.vocab].double(), dim=1).float()
+    allowed = torch.full(shape, 2.0)
+    for row, (slot, position, _) in enumerate(scenario.rows):
+        if slot in scenario.requests:
+            steps = 2 * _ulp(lse[row]) / _ulp(expected[slot, position])
+            allowed[slot, position] += torch.nan_to_num(steps, nan=0.0, posinf=0.0)
+    return allowed
+
+
+def _assert_matches_reference(outcomes, name: str) -> None:
+    """Same IDs, padding and untouched words as the reference; values within the ulp budget."""
+    scenario = SCENARIOS[name]()
+    expected = _reference(scenario)
+    for world, rank, got in _produced(outcomes, name):
+        where = f"{name}, world {world} rank {rank}"
+        assert torch.equal(got[..., 0::2], expected[..., 0::2]), where
+        values, reference = got[..., 1::2], expected[..., 1::2]
+        distance = (_ordered(values) - _ordered(reference)).abs()
+        allowed = _allowed_ulps(scenario, distance.shape)
+        finite = torch.isfinite(reference.contiguous().view(torch.float32))
+        # Infinities, NaNs and untouched words carry no rounding: their bits must be equal.
+        assert torch.equal(values[~finite], reference[~finite]), where
+        assert bool((distance[finite] <= allowed[finite]).all()), (where, distance.max())
+        for slot, ids in scenario.expected_ids.items():
+            position = next(p for s, p, _ in scenario.rows if s == slot)
+            assert got[slot, position, 2 : 2 + 2 * len(ids) : 2].tolist() == ids, where
+
+
+@pytest.mark.parametrize("name", ["natural_fp32", "natural_bf16", "narrow_frame"])
+def test_natural_alternatives_of_mixed_lanes_match_the_single_rank_reference(
+    outcomes, name
+) -> None:
+    _assert_matches_reference(outcomes, name)
+
+
+@pytest.mark.parametrize("name", ["selected_fp32", "selected_bf16"])
+def test_selected_ids_report_in_caller_order_as_the_reference_does(outcomes, name) -> None:
+    _assert_matches_reference(outcomes, name)
+    scenario = SCENARIOS[name]()
+    for world, rank, got in _produced(outcomes, name):
+        for slot, ids in scenario.requests.items():
+            if ids:
+                assert got[slot, 0, 2 : 2 + 2 * len(ids) : 2].tolist() == ids, (world, rank)
+        # Past a selection the frame keeps its contents.
+        assert set(got[0, 0, 4:].tolist()) == {SENTINEL}
+
+
+@pytest.mark.parametrize("name", ["ties_fp32", "ties_bf16", "ties_everywhere"])
+def test_equal_values_at_the_cutoff_on_different_ranks_select_the_smallest_ids(
+    outcomes, name
+) -> None:
+    _assert_matches_reference(outcomes, name)
+
+
+@pytest.mark.parametrize("name", ["vocab_5_natural", "vocab_5_full", "vocab_2_full"])
+def test_a_vocabulary_smaller_than_k_pads_with_minus_one_even_with_an_empty_shard(
+    outcomes, name
+) -> None:
+    _assert_matches_reference(outcomes, name)
+    vocab = SCENARIOS[name]().vocab
+    for _, _, got in _produced(outcomes, name):
+        tail = got[0, 1, 2 + 2 * vocab : 2 + 2 * NATURAL_TOP_K].tolist()
+        assert tail == [-1, 0] * (NATURAL_TOP_K - vocab)
+
+
+def test_shards_holding_only_minus_infinity_leave_the_normalizer_finite(outcomes) -> None:
+    _assert_matches_reference(outcomes, "one_finite_shard")
+    for _, _, got in _produced(outcomes, "one_finite_shard"):
+        assert math.isfinite(bits_to_float(int(got[0, 0, 3])))
+        assert bits_to_float(int(got[0, 0, 1])) == -math.inf
+
+
+def test_every_exchange_carries_256_fp32_words_per_requesting_position_per_rank(
+    outcomes,
+) -> None:
+    for name, build in SCENARIOS.items():
+        rows = build().requesting_rows()
+        if not rows:
+            continue
+        for (world, rank), results in outcomes.items():
+            expected = [[rows, EXCHANGE_WORDS], "torch.float32", world]
+            assert results[name]["calls"] == [expected, expected], (name, world, rank)
+
+
+def test_without_a_requesting_row_no_rank_exchanges_or_writes(outcomes) -> None:
+    for (world, rank), results in outcomes.items():
+        assert results["nobody_requests"]["calls"] == [], (world, rank)
+    for _, _, got in _produced(outcomes, "nobody_requests"):
+        assert set(got.flatten().tolist()) == {SENTINEL}
+
+
+def test_every_rank_writes_the_same_packed_output(outcomes) -> None:
+    for name in SCENARIOS:
+        by_world: dict[int, torch.Tensor] = {}
+        for world, rank, got in _produced(outcomes, name):
+            first = by_world.setdefault(world, got)
+            assert torch.equal(got, first), (name, world, rank)
+
+
+def test_a_reducer_told_the_wrong_rank_refuses_before_any_exchange(outcomes) -> None:
+    for results in outcomes.values():
+        assert results["misplaced_rank"] is not None
+        assert "rank" in results["misplaced_rank"]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 7])
+@pytest.mark.parametrize("vocab", [1, 2, 5, 1000, 151_936])
+def test_shard_ranges_are_contiguous_ordered_and_cover_the_vocabulary(vocab, world) -> None:
+    ranges = [shard_range(vocab, world, rank) for rank in range(world)]
+    assert ranges[0][0] == 0 and ranges[-1][1] == vocab
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    widths = [stop - start for start, stop in ranges]
+    # Full widths, then at most one short range, then empty ones: every rank's tensor can share
+    # the first rank's width with padding at the end.
+    stride = -(-vocab // world)
+    assert widths == sorted(widths, reverse=True) and widths[0] == stride
+    assert sum(0 < width < stride for width in widths) <= 1
+
+
+def test_uneven_shards_of_1000_over_3_ranks_leave_two_padded_lanes_on_the_last() -> None:
+    assert [shard_range(1000, 3, rank) for rank in range(3)] == [(0, 334), (334, 668), (668, 1000)]
+
+
+@pytest.mark.parametrize(
+    ("vocab", "world", "rank"), [(0, 1, 0), (10, 0, 0), (10, 2, 2), (10, 2, -1)]
+)
+def test_shard_range_rejects_empty_vocabularies_worlds_and_foreign_ranks(
+    vocab, world, rank
+) -> None:
+    with pytest.raises(ValueError):
+        shard_range(vocab, world, rank)
+
+
+@pytest.mark.parametrize("top_k", [0, NATURAL_TOP_K + 1])
+def test_a_reducer_rejects_k_outside_one_to_twenty(top_k) -> None:
+    with pytest.raises(ValueError):
+        VocabParallelLogprobReducer(100, top_k, 0, 2)
+
+
+def test_reduce_rejects_shards_narrower_than_their_range_before_any_exchange() -> None:
+    scenario = _nobody_requests()
+    out, requested, counts, token_ids = scenario.frame()
+    reducer = VocabParallelLogprobReducer(1000, NATURAL_TOP_K, 2, 3)
+    with pytest.raises(ValueError):
+        reducer.reduce(torch.zeros(2, 331), *scenario.columns(), requested, counts, token_ids, out)
+    with pytest.raises(TypeError):
+        reducer.reduce(
+            torch.zeros(2, 332, dtype=torch.int32),
+            *scenario.columns(),
+            requested,
+            counts,
+            token_ids,
+            out,
+        )
