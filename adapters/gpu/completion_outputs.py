@@ -56,6 +56,23 @@ class CompletionOutputs:
                 )
                 self.counts = torch.zeros(capacity, dtype=torch.int32, device=device)
             self._reducer = _reducer(backend, geometry.vocab_size, self._top_k)
+            self._prepare()
+
+    def _prepare(self) -> None:
+        """Sizes the reducer's workspaces and runs it once on a scratch frame, so any kernel
+        compilation happens at start-up (before capture), never while serving."""
+        capacity = self._geometry.capacity
+        reserve = getattr(self._reducer, "reserve", None)
+        if reserve is not None:
+            reserve(capacity, self._device)
+        logits = torch.zeros((1, self._geometry.vocab_size), dtype=torch.float32,
+                             device=self._device)
+        scratch = torch.zeros_like(self.logprobs[0])
+        requested = torch.zeros_like(self.requested)
+        requested[0] = 1
+        counts = None if self.counts is None else torch.zeros_like(self.counts)
+        zero = torch.zeros(1, dtype=torch.int64, device=self._device)
+        self._reducer.reduce(logits, zero, zero, zero, requested, counts, self.token_ids, scratch)
 
     def upload(self, frame: int, sampling: list[SlotWork]) -> bool:
         """Writes this submission's flags, counts and ID prefixes; True if any lane requests."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from adapters.gpu.completion_outputs import CompletionOutputs
@@ -11,6 +12,14 @@ from domain.sampling import SamplingParams
 from domain.step import ExecutorGeometry, SlotWork
 
 VOCAB = 50
+
+
+@pytest.fixture(params=["reference", "triton"])
+def backend(request) -> str:
+    """The bundle behaves the same whichever reducer fills it."""
+    if request.param == "triton":
+        pytest.importorskip("triton")
+    return request.param
 
 
 def geometry(top_k: int = 20, selects: bool = True) -> ExecutorGeometry:
@@ -41,15 +50,15 @@ def lane(slot: int, logprobs: LogprobOptions | None) -> SlotWork:
     )
 
 
-def test_a_core_without_logprob_buffers_allocates_none_and_never_requests():
-    outputs = CompletionOutputs(geometry(top_k=0, selects=False), torch.device("cpu"))
+def test_a_core_without_logprob_buffers_allocates_none_and_never_requests(backend):
+    outputs = CompletionOutputs(geometry(top_k=0, selects=False), torch.device("cpu"), backend)
 
     assert outputs.logprobs is None and outputs.requested is None
     assert outputs.upload(0, [lane(0, LogprobOptions(top_k=2))]) is False
 
 
-def test_upload_writes_full_flag_and_count_vectors_and_the_selecting_slots_id_prefix():
-    outputs = CompletionOutputs(geometry(), torch.device("cpu"))
+def test_upload_writes_full_flag_and_count_vectors_and_the_selecting_slots_id_prefix(backend):
+    outputs = CompletionOutputs(geometry(), torch.device("cpu"), backend)
 
     outputs.upload(
         0,
@@ -65,8 +74,8 @@ def test_upload_writes_full_flag_and_count_vectors_and_the_selecting_slots_id_pr
     assert outputs.token_ids[5, :3].tolist() == [7, 4, 9]
 
 
-def test_the_next_submission_clears_flags_and_counts_of_lanes_it_does_not_request():
-    outputs = CompletionOutputs(geometry(), torch.device("cpu"))
+def test_the_next_submission_clears_flags_and_counts_of_lanes_it_does_not_request(backend):
+    outputs = CompletionOutputs(geometry(), torch.device("cpu"), backend)
     outputs.upload(0, [lane(5, LogprobOptions(token_ids=(7, 4)))])
 
     outputs.upload(1, [lane(5, None), lane(6, LogprobOptions(top_k=1))])
@@ -75,8 +84,8 @@ def test_the_next_submission_clears_flags_and_counts_of_lanes_it_does_not_reques
     assert outputs.counts.tolist() == [0] * 8
 
 
-def test_read_decodes_only_requesting_lanes_and_never_stale_payload():
-    outputs = CompletionOutputs(geometry(), torch.device("cpu"))
+def test_read_decodes_only_requesting_lanes_and_never_stale_payload(backend):
+    outputs = CompletionOutputs(geometry(), torch.device("cpu"), backend)
     outputs.logprobs.fill_(123)  # stale words a reader must never decode
     works = [
         lane(0, LogprobOptions(top_k=2)),
@@ -106,8 +115,8 @@ def test_read_decodes_only_requesting_lanes_and_never_stale_payload():
     assert abs(third[0].alternatives[0].logprob - expected[2, 3].item()) < 1e-5
 
 
-def test_a_frame_without_requesting_lanes_returns_no_payload():
-    outputs = CompletionOutputs(geometry(), torch.device("cpu"))
+def test_a_frame_without_requesting_lanes_returns_no_payload(backend):
+    outputs = CompletionOutputs(geometry(), torch.device("cpu"), backend)
     outputs.upload(1, [lane(0, None)])
     outputs.commit(1, [CompletionRecord(0, 1, Role.SAMPLE, (4,))])
 
