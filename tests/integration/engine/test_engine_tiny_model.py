@@ -167,3 +167,22 @@ def _bytes_per_block(model_dir: Path, block_size: int) -> int:
     from adapters.gpu.model_config import ModelConfig
 
     return PagedKVCache.bytes_per_block(ModelConfig.from_dir(model_dir), block_size, torch.float32)
+
+
+def test_a_step_that_samples_nothing_uploads_no_logprob_flags(tiny_model_dir):
+    from domain.logprobs import LogprobOptions
+    from domain.step import SlotWork, StepPlan
+
+    engine, tokenizer, _ = make_engine(tiny_model_dir)
+    executor = engine._executor
+    outputs = executor._outputs
+    outputs.requested.fill_(7)  # a sentinel the upload would overwrite
+    prompt = tuple(tokenizer.encode(PROMPTS[1]))
+    prefill_only = SlotWork(slot=0, epoch=1, token_ids=prompt[:4], start_position=0,
+                            block_table=(0, 1), prompt_len=len(prompt), sample=False,
+                            params=SamplingParams(), seed=0, logprobs=LogprobOptions(top_k=2))
+
+    result = executor.read(executor.submit(StepPlan((prefill_only,))))
+
+    assert outputs.requested.tolist() == [7] * len(outputs.requested)
+    assert result.logprobs == () and not result.records[0].emits
