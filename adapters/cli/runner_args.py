@@ -28,9 +28,12 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
         help="bytes for the paged KV cache (default: 1 GiB on CPU, 80%% free on CUDA)",
     )
     parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--logprobs-backend", default="auto",
-                        choices=("auto", "reference", "triton"),
-                        help="logprob reduction: triton on CUDA, the torch reference elsewhere")
+    parser.add_argument(
+        "--logprobs-backend",
+        default="auto",
+        choices=("auto", "reference", "triton"),
+        help="logprob reduction: triton on CUDA, the torch reference elsewhere",
+    )
 
 
 def runner_settings(args: argparse.Namespace) -> RunnerSettings:

@@ -65,8 +65,9 @@ class CompletionOutputs:
         reserve = getattr(self._reducer, "reserve", None)
         if reserve is not None:
             reserve(capacity, self._device)
-        logits = torch.zeros((1, self._geometry.vocab_size), dtype=torch.float32,
-                             device=self._device)
+        logits = torch.zeros(
+            (1, self._geometry.vocab_size), dtype=torch.float32, device=self._device
+        )
         scratch = torch.zeros_like(self.logprobs[0])
         requested = torch.zeros_like(self.requested)
         requested[0] = 1

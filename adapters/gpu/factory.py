@@ -40,8 +40,10 @@ class RunnerSettings:
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be auto or one of {sorted(_DTYPES)}, not {self.dtype!r}")
         if self.logprobs_backend not in _LOGPROB_BACKENDS:
-            raise ValueError(f"logprobs_backend must be one of {sorted(_LOGPROB_BACKENDS)}, "
-                             f"not {self.logprobs_backend!r}")
+            raise ValueError(
+                f"logprobs_backend must be one of {sorted(_LOGPROB_BACKENDS)}, "
+                f"not {self.logprobs_backend!r}"
+            )
         if self.max_num_seqs < 1 or self.block_size < 1:
             raise ValueError("max_num_seqs and block_size must be positive")
 

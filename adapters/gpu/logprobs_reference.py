@@ -100,28 +100,59 @@ def _finite_or_zero(peak: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isinf(peak), torch.zeros_like(peak), peak)
 
 
-def _log_normalizer(rows: torch.Tensor) -> torch.Tensor:
-    """FP32 log-sum-exp of each row by the shared tiled recipe; an all -inf row gives -inf."""
+def tile_statistics(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per LSE_TILE lanes of FP32 `rows` [n, V]: the tile maximum and its exponential mass.
+
+    Returns peaks and masses [n, ceil(V / LSE_TILE)]: each mass is the pairwise-tree sum of
+    exp(x - shift), shift being the tile maximum or 0 where that is infinite. A short last tile
+    is padded with -inf, which adds nothing. Each tile depends on its own lanes only, so a
+    vocabulary shard starting on a tile boundary gets the same bits as the whole row.
+    """
     count, vocab = rows.shape
     tiles = -(-vocab // LSE_TILE)
     missing = tiles * LSE_TILE - vocab
     lanes = torch.nn.functional.pad(rows, (0, missing), value=-math.inf) if missing else rows
     lanes = lanes.reshape(count, tiles, LSE_TILE)
     peaks = lanes.amax(dim=2)
-    shifts = _finite_or_zero(peaks)
-    mass = fp32_exp(lanes - shifts[:, :, None])
+    mass = fp32_exp(lanes - _finite_or_zero(peaks)[:, :, None])
     while mass.shape[2] > 1:  # a pairwise tree: neighbours (2i, 2i+1) add at every level
         pairs = mass.view(count, tiles, mass.shape[2] // 2, 2)
         mass = pairs[:, :, :, 0] + pairs[:, :, :, 1]
-    mass = mass[:, :, 0]
+    return peaks, mass[:, :, 0]
+
+
+def combine_tiles(peaks: torch.Tensor, masses: torch.Tensor) -> torch.Tensor:
+    """The FP32 log normalizer [n] from tile statistics [n, tiles >= 1] in global tile order."""
+    shifts = _finite_or_zero(peaks)
     shift = _finite_or_zero(peaks.amax(dim=1))
-    rescaled = mass * fp32_exp(shifts - shift[:, None])
+    rescaled = masses * fp32_exp(shifts - shift[:, None])
     # An all -inf tile holds no mass; its factor may overflow, so it is dropped, not scaled.
     rescaled = torch.where(peaks == -math.inf, torch.zeros_like(rescaled), rescaled)
     total = torch.zeros_like(shift)
-    for tile in range(tiles):  # in tile order, one rounding per tile
+    for tile in range(peaks.shape[1]):  # in tile order, one rounding per tile
         total = total + rescaled[:, tile]
     return shift + fp32_log(total)
+
+
+def _log_normalizer(rows: torch.Tensor) -> torch.Tensor:
+    """FP32 log-sum-exp of each row by the shared tiled recipe; an all -inf row gives -inf."""
+    return combine_tiles(*tile_statistics(rows))
+
+
+def check_bundle(
+    out: torch.Tensor, counts: torch.Tensor | None, token_ids: torch.Tensor | None, top_k: int
+) -> None:
+    """The frame and ID inputs every reducer writes and reads have the contract's forms."""
+    if (counts is None) != (token_ids is None):
+        raise ValueError("counts and token_ids are declared together or not at all")
+    needed = MAX_SELECTED_IDS if counts is not None else top_k
+    if out.dtype != torch.int32 or out.dim() != 3 or out.shape[2] < 2 + 2 * needed:
+        raise ValueError(
+            f"out must be int32 [capacity, T, >= {2 + 2 * needed}], got "
+            f"{out.dtype} {tuple(out.shape)}"
+        )
+    if not out.is_contiguous():
+        raise ValueError("out must be contiguous: it is written through its flat view")
 
 
 class ReferenceLogprobReducer:
@@ -189,16 +220,7 @@ class ReferenceLogprobReducer:
             raise ValueError(
                 f"logits must be [rows, >= {self.vocab_size}], got {tuple(logits.shape)}"
             )
-        if (counts is None) != (token_ids is None):
-            raise ValueError("counts and token_ids are declared together or not at all")
-        needed = MAX_SELECTED_IDS if counts is not None else self.top_k
-        if out.dtype != torch.int32 or out.dim() != 3 or out.shape[2] < 2 + 2 * needed:
-            raise ValueError(
-                f"out must be int32 [capacity, T, >= {2 + 2 * needed}], got "
-                f"{out.dtype} {tuple(out.shape)}"
-            )
-        if not out.is_contiguous():
-            raise ValueError("out must be contiguous: it is written through its flat view")
+        check_bundle(out, counts, token_ids, self.top_k)
 
     def _reported_values(self, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """FP32 logit - lse over the real vocabulary of the requesting rows only."""

@@ -5,7 +5,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from adapters.gpu.logprobs_reference import order_keys
+from adapters.gpu.logprobs_reference import (
+    LSE_TILE,
+    check_bundle,
+    combine_tiles,
+    order_keys,
+    tile_statistics,
+)
 from domain.logprobs import MAX_SELECTED_IDS, NATURAL_TOP_K, NO_TOKEN
 
 EXCHANGE_WORDS = 256
@@ -16,8 +22,10 @@ _LOW_WORD = 0xFFFFFFFF
 # Below every real key: a real key's low word is 2**32 - 1 - token_id, never zero.
 _NO_KEY = -(2**63)
 
-# Exchange 1 words of a position: the shard's FP32 maximum and its exponential mass.
-_PEAK_WORD, _MASS_WORD = 0, 1
+# Exchange 1 words of a position: one (FP32 maximum, exponential mass) pair per tile of the
+# shard, in tile order. The last pair of the 256 words stays reserved (zero), which bounds a
+# shard at 127 tiles.
+MAX_SHARD_TILES = EXCHANGE_WORDS // 2 - 1
 # Exchange 2 words of a position. A natural row carries its 32 best int64 keys as 64 words, then
 # the 32 reported FP32 values; a selecting row carries the 128 selected raw logits instead.
 _KEY_WORDS = slice(0, 2 * SHARD_CANDIDATES)
@@ -27,11 +35,14 @@ _CHOSEN_WORD = MAX_SELECTED_IDS
 
 
 def shard_range(vocab_size: int, world_size: int, rank: int) -> tuple[int, int]:
-    """The token IDs [start, stop) that `rank` holds: ceil(V / world) per rank, in rank order.
+    """The token IDs [start, stop) that `rank` holds: whole LSE_TILE tiles, in rank order.
 
-    Only the last non-empty range can be shorter, and with fewer tokens than ranks the trailing
-    ranks hold empty ranges. A rank's logits tensor may be wider than its range (a shard width
-    padded for every rank alike); lanes past the range are padding and never count.
+    The ceil(V / LSE_TILE) tiles are split as evenly as possible, the first ranks taking one
+    more tile when they do not divide (3 tiles over 2 ranks: 2 and 1). Every boundary is thus a
+    multiple of LSE_TILE except the vocabulary's end, so each shard's tiles are exactly the
+    single-rank normalizer's tiles. With fewer tiles than ranks the trailing ranks hold empty
+    ranges. Rank 0's range is the widest; a rank's logits tensor may be wider than its range
+    (a shard width padded for every rank alike) and lanes past the range never count.
     """
     if vocab_size < 1:
         raise ValueError(f"vocab_size must be positive, got {vocab_size}")
@@ -39,18 +50,21 @@ def shard_range(vocab_size: int, world_size: int, rank: int) -> tuple[int, int]:
         raise ValueError(f"world_size must be positive, got {world_size}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in 0..{world_size - 1}, got {rank}")
-    width = -(-vocab_size // world_size)
-    start = min(rank * width, vocab_size)
-    return start, min(start + width, vocab_size)
+    base, extra = divmod(-(-vocab_size // LSE_TILE), world_size)
+    first_tile = rank * base + min(rank, extra)
+    tiles = base + (rank < extra)
+    start = min(first_tile * LSE_TILE, vocab_size)
+    return start, min((first_tile + tiles) * LSE_TILE, vocab_size)
 
 
 class VocabParallelLogprobReducer:
     """The reference reduction for logits split by vocabulary across the ranks of `group`.
 
     Each rank passes its own shard and the same replicated row inputs (slots, positions, chosen,
-    flags, counts, IDs). The stages mirror the prepared kernels: shard maximum and mass, exchange
-    1, the global normalization, shard candidates and owned raw logits, exchange 2, and a final
-    merge that writes the same packed output as `ReferenceLogprobReducer` on every rank. Each
+    flags, counts, IDs). The stages mirror the prepared kernels: per-tile maxima and masses,
+    exchange 1, the global normalization, shard candidates and owned raw logits, exchange 2, and
+    a final merge that writes the packed output of `ReferenceLogprobReducer`, bit for bit, on
+    every rank. Shards hold at most MAX_SHARD_TILES tiles, checked on construction. Each
     exchange is one all-gather of EXCHANGE_WORDS FP32 words per requesting position per rank;
     logits never travel.
     """
@@ -66,12 +80,22 @@ class VocabParallelLogprobReducer:
         if not 1 <= top_k <= NATURAL_TOP_K:
             raise ValueError(f"top_k must be in 1..{NATURAL_TOP_K}, got {top_k}")
         self.start, self.stop = shard_range(vocab_size, world_size, rank)
+        ranges = [shard_range(vocab_size, world_size, peer) for peer in range(world_size)]
+        # Rank 0 holds the most tiles, so it alone decides whether every shard's tiles fit.
+        widest = -(-(ranges[0][1] - ranges[0][0]) // LSE_TILE)
+        if widest > MAX_SHARD_TILES:
+            raise ValueError(
+                f"a vocabulary of {vocab_size} over {world_size} ranks puts {widest} tiles of "
+                f"{LSE_TILE} lanes on a shard; exchange 1 carries at most {MAX_SHARD_TILES} "
+                f"({MAX_SHARD_TILES * LSE_TILE} lanes), so use more ranks"
+            )
         self.vocab_size = vocab_size
         self.top_k = top_k
         self.rank = rank
         self.world_size = world_size
         self.group = group
-        self._stride = -(-vocab_size // world_size)
+        self._shard_tiles = [-(-(stop - start) // LSE_TILE) for start, stop in ranges]
+        self._stops = torch.tensor([stop for _, stop in ranges], dtype=torch.int64)
 
     def reduce(
         self,
@@ -124,16 +148,7 @@ class VocabParallelLogprobReducer:
                 f"rank {self.rank} logits must be [rows, >= {width}], "
                 f"got {tuple(logits_shard.shape)}"
             )
-        if (counts is None) != (token_ids is None):
-            raise ValueError("counts and token_ids are declared together or not at all")
-        needed = MAX_SELECTED_IDS if counts is not None else self.top_k
-        if out.dtype != torch.int32 or out.dim() != 3 or out.shape[2] < 2 + 2 * needed:
-            raise ValueError(
-                f"out must be int32 [capacity, T, >= {2 + 2 * needed}], got "
-                f"{out.dtype} {tuple(out.shape)}"
-            )
-        if not out.is_contiguous():
-            raise ValueError("out must be contiguous: it is written through its flat view")
+        check_bundle(out, counts, token_ids, self.top_k)
 
     def _check_group(self) -> None:
         # A mismatch would pair shards with the wrong ranks' statistics, silently.
@@ -160,36 +175,30 @@ class VocabParallelLogprobReducer:
         return torch.zeros(rows, EXCHANGE_WORDS, dtype=torch.int32, device=device)
 
     def _shard_statistics(self, raw: torch.Tensor) -> torch.Tensor:
-        """Exchange 1 payload: FP32 max and sum(exp(x - shift)) of the shard's real lanes.
+        """Exchange 1 payload: the (FP32 maximum, exponential mass) pair of each shard tile.
 
-        The shift is the max unless that is infinite (an empty or all -inf shard uses 0), as the
-        single-rank normalizer does.
+        The shard starts on a tile boundary, so these are the single-rank normalizer's own
+        tiles, bit for bit; an empty shard sends no pair.
         """
         words = self._words(raw.shape[0], raw.device)
-        if raw.shape[1] == 0:
-            peak = torch.full((raw.shape[0],), float("-inf"), device=raw.device)
-            mass = torch.zeros_like(peak)
-        else:
-            peak = raw.amax(dim=1)
-            shift = torch.where(torch.isinf(peak), torch.zeros_like(peak), peak)
-            mass = torch.exp(raw - shift[:, None]).sum(dim=1)
-        statistics = torch.stack([peak, mass], dim=1).view(torch.int32)
-        words[:, _PEAK_WORD : _MASS_WORD + 1] = statistics
+        if raw.shape[1]:
+            peaks, masses = tile_statistics(raw)
+            pairs = torch.stack([peaks, masses], dim=2).flatten(1).view(torch.int32)
+            words[:, : pairs.shape[1]] = pairs
         return words
 
     def _normalizer(self, gathered: torch.Tensor) -> torch.Tensor:
-        """The global FP32 log normalizer, combined in rank order so every rank gets equal bits."""
-        peaks = gathered[:, :, _PEAK_WORD].contiguous().view(torch.float32)
-        masses = gathered[:, :, _MASS_WORD].contiguous().view(torch.float32)
-        peak = peaks.amax(dim=0)
-        shift = torch.where(torch.isinf(peak), torch.zeros_like(peak), peak)
-        local = torch.where(torch.isinf(peaks), torch.zeros_like(peaks), peaks)
-        total = torch.zeros_like(shift)
-        for rank in range(self.world_size):
-            # An empty shard's zero mass must stay zero even where exp() of its shift overflows.
-            scaled = masses[rank] * torch.exp(local[rank] - shift)
-            total = total + torch.where(masses[rank] > 0, scaled, torch.zeros_like(scaled))
-        return shift + torch.log(total)
+        """The global FP32 log normalizer from every rank's tiles in global tile order.
+
+        Rank order is tile order, so this repeats the single-rank recipe operation for operation
+        and every rank gets the reference's bits.
+        """
+        pairs = [
+            gathered[peer, :, : 2 * tiles].reshape(gathered.shape[1], tiles, 2)
+            for peer, tiles in enumerate(self._shard_tiles)
+        ]
+        statistics = torch.cat(pairs, dim=1).contiguous().view(torch.float32)
+        return combine_tiles(statistics[:, :, 0], statistics[:, :, 1])
 
     def _selection(
         self,
@@ -259,7 +268,9 @@ class VocabParallelLogprobReducer:
 
     def _owner_words(self, gathered: torch.Tensor, ids: torch.Tensor, word: int) -> torch.Tensor:
         """FP32 words [rows, columns] from the rank owning each ID, columns starting at `word`."""
-        owner = (ids.clamp(0, self.vocab_size - 1) // self._stride).clamp(max=self.world_size - 1)
+        # The first rank whose stop lies past the ID; empty ranges never own one.
+        stops = self._stops.to(ids.device)
+        owner = torch.bucketize(ids.clamp(0, self.vocab_size - 1), stops, right=True)
         row = torch.arange(ids.shape[0], device=ids.device)[:, None]
         column = word + torch.arange(ids.shape[1], device=ids.device)[None, :]
         return gathered[owner, row, column].view(torch.float32)

@@ -1,4 +1,4 @@
-"""Vocabulary-parallel logprobs on 2 and 3 gloo ranks agree with the single-rank reference."""
+"""Vocabulary-parallel logprobs on 2 and 3 gloo ranks equal the single-rank reference exactly."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from adapters.gpu.logprobs_reference import ReferenceLogprobReducer
+from adapters.gpu.logprobs_reference import LSE_TILE, ReferenceLogprobReducer
 from adapters.gpu.logprobs_vocab_parallel import (
     EXCHANGE_WORDS,
+    MAX_SHARD_TILES,
     VocabParallelLogprobReducer,
     shard_range,
 )
@@ -24,6 +25,11 @@ from domain.logprobs import FULL_POSITION_WORDS, MAX_SELECTED_IDS, NATURAL_TOP_K
 
 SENTINEL = 0x5A5A5A5A
 WORLD_SIZES = (2, 3)
+# Five tiles, the last of 4 lanes: 2 ranks hold 3 + 2 tiles ([0, 3072), [3072, 4100)) and
+# 3 ranks hold 2 + 2 + 1 ([0, 2048), [2048, 4096), [4096, 4100)).
+UNEVEN = 4 * LSE_TILE + 4
+# Three tiles: 2 + 1 over 2 ranks, 1 + 1 + 1 over 3.
+THREE_TILES = 3 * LSE_TILE - 72
 # Padded lanes of the last shard hold values that would dominate any reduction they entered.
 PADDING = (1e30, math.inf, math.nan)
 
@@ -72,13 +78,13 @@ def _random(rows: int, vocab: int, seed: int, dtype: torch.dtype, scale: float =
 
 
 def _natural_mixed(dtype: torch.dtype) -> Scenario:
-    # Chosen IDs sit on both sides of the 2-rank (500) and 3-rank (334, 668) boundaries; slot 1
-    # does not request, and its rows carry a position no write could survive.
-    rows = [(0, 0, 0), (1, 9, 10**9), (0, 2, 333), (2, 0, 334), (3, 1, 999), (1, 9, 5)]
-    rows += [(2, 1, 499), (3, 0, 500), (0, 1, 667), (2, 2, 668)]
+    # Chosen IDs sit on both sides of every 2-rank and 3-rank boundary and of the inner tile
+    # boundaries; slot 1 does not request, and its rows carry a position no write could survive.
+    rows = [(0, 0, 0), (1, 9, 10**9), (0, 2, 1023), (2, 0, 1024), (3, 1, 4099), (1, 9, 5)]
+    rows += [(2, 1, 2047), (3, 0, 2048), (0, 1, 3071), (2, 2, 3072), (3, 2, 4095), (1, 0, 4096)]
     return Scenario(
-        vocab=1000,
-        logits=_random(len(rows), 1000, 7, dtype),
+        vocab=UNEVEN,
+        logits=_random(len(rows), UNEVEN, 7, dtype),
         rows=rows,
         requests={0: None, 2: None, 3: None},
         capacity=4,
@@ -88,15 +94,15 @@ def _natural_mixed(dtype: torch.dtype) -> Scenario:
 
 def _selected(dtype: torch.dtype) -> Scenario:
     generator = torch.Generator().manual_seed(5)
-    many = torch.randperm(1000, generator=generator)[: MAX_SELECTED_IDS - 2].tolist()
-    # 1001 names a padded lane and -3 nothing: both report NaN without a read.
-    many = [i for i in many if i not in (333, 334, 499, 500, 667, 668)]
-    many = [999, 1001, 333, 334, -3, 499, 500, 667, 668] + many
-    many = many[:MAX_SELECTED_IDS]
-    rows = [(0, 0, 12), (1, 0, 700), (2, 0, 668), (3, 0, 1), (1, 1, 334)]
+    edges = [1023, 1024, 2047, 2048, 3071, 3072, 4095, 4096]
+    many = torch.randperm(UNEVEN, generator=generator)[:MAX_SELECTED_IDS].tolist()
+    many = [i for i in many if i not in edges + [4099]]
+    # 4101 names a padded lane and -3 nothing: both report NaN without a read.
+    many = ([4099, 4101] + edges[:4] + [-3] + edges[4:] + many)[:MAX_SELECTED_IDS]
+    rows = [(0, 0, 12), (1, 0, 700), (2, 0, 3072), (3, 0, 1), (1, 1, 4096)]
     return Scenario(
-        vocab=1000,
-        logits=_random(len(rows), 1000, 9, dtype),
+        vocab=UNEVEN,
+        logits=_random(len(rows), UNEVEN, 9, dtype),
         rows=rows,
         requests={0: [11], 1: many, 2: None},
         capacity=4,
@@ -105,17 +111,18 @@ def _selected(dtype: torch.dtype) -> Scenario:
 
 
 def _ties_across_shards(dtype: torch.dtype) -> Scenario:
-    vocab = 90
+    vocab = THREE_TILES
     logits = torch.full((2, vocab), -2.0)
-    logits[:, [40, 75, 10]] = torch.tensor([3.0, 2.5, 2.0])
-    tied = [89, 2, 50, 7, 33, 31, 48, 0, 21, 36, 59, 5, 17, 29, 44, 13, 52, 26, 38, 9, 61, 24]
-    tied += [30, 60, 45, 46, 44, 88]
+    logits[:, [2500, 1500, 10]] = torch.tensor([3.0, 2.5, 2.0])
+    # Equal values in every tile, so every rank of 2 and 3 offers some of the cutoff's ties.
+    tied = [vocab - 1, 2048, 2047, 1024, 1023, 7, 2600, 1100, 33, 31, 2100, 0, 1200, 36, 2200]
+    tied += [5, 17, 1300, 29, 2300, 44, 13, 1400, 2400, 26, 38, 9, 61, 2049, 1025]
     logits[:, tied] = 1.0
-    winners = [40, 75, 10] + sorted(set(tied))[: NATURAL_TOP_K - 3]
+    winners = [2500, 1500, 10] + sorted(set(tied))[: NATURAL_TOP_K - 3]
     return Scenario(
         vocab=vocab,
         logits=logits.to(dtype),
-        rows=[(0, 0, 40), (1, 0, 89)],
+        rows=[(0, 0, 2500), (1, 0, vocab - 1)],
         requests={0: None, 1: None},
         capacity=2,
         full=False,
@@ -126,12 +133,24 @@ def _ties_across_shards(dtype: torch.dtype) -> Scenario:
 def _ties_everywhere() -> Scenario:
     # Every shard holds more equal values than the 32 candidates it may offer.
     return Scenario(
-        vocab=200,
-        logits=torch.full((1, 200), 0.25),
-        rows=[(0, 0, 150)],
+        vocab=THREE_TILES,
+        logits=torch.full((1, THREE_TILES), 0.25),
+        rows=[(0, 0, 2100)],
         requests={0: None},
         capacity=1,
         expected_ids={0: list(range(NATURAL_TOP_K))},
+    )
+
+
+def _wide_fp32() -> Scenario:
+    # Wide logits spread the mass over every tile, where the order of the tile sums shows.
+    rows = [(slot, 0, 37 * slot) for slot in range(6)]
+    return Scenario(
+        vocab=THREE_TILES,
+        logits=_random(len(rows), THREE_TILES, 11, torch.float32, scale=9.0),
+        rows=rows,
+        requests={slot: None for slot in range(6)},
+        capacity=6,
     )
 
 
@@ -152,26 +171,40 @@ def _small_vocabulary(vocab: int, full: bool) -> Scenario:
     )
 
 
+def _two_tiles() -> Scenario:
+    # Two tiles over 3 ranks leave the third shard empty; 1500 is past the vocabulary.
+    rows = [(0, 0, 1499), (1, 0, 1023), (2, 1, 1024)]
+    return Scenario(
+        vocab=1500,
+        logits=_random(len(rows), 1500, 13, torch.bfloat16),
+        rows=rows,
+        requests={0: [1024, 1500, 1023, 0, 1499], 1: None, 2: None},
+        capacity=3,
+        tokens=2,
+    )
+
+
 def _one_finite_shard() -> Scenario:
-    # Every shard but rank 0's holds only -inf: zero mass that must not poison the normalizer.
-    vocab = 60
+    # Only the first tile (row 0) or the last lane (row 1) is finite: the -inf tiles hold zero
+    # mass, and their factors overflow (row 0) without poisoning the normalizer.
+    vocab = THREE_TILES
     logits = torch.full((2, vocab), -math.inf)
     logits[0, [3, 1, 7]] = torch.tensor([-200.0, -201.0, -199.5])
-    logits[1, 0] = 50.0
+    logits[1, vocab - 1] = 50.0
     return Scenario(
         vocab=vocab,
         logits=logits,
-        rows=[(0, 0, 59), (1, 0, 0)],
-        requests={0: None, 1: [0, 59, 30]},
+        rows=[(0, 0, vocab - 1), (1, 0, 0)],
+        requests={0: None, 1: [vocab - 1, 0, 1500]},
         capacity=2,
     )
 
 
 def _narrow_frame() -> Scenario:
-    rows = [(0, 0, 3), (1, 0, 400), (2, 0, 7)]
+    rows = [(0, 0, 3), (1, 0, 400), (2, 0, 4097)]
     return Scenario(
-        vocab=1000,
-        logits=_random(len(rows), 1000, 3, torch.float32, scale=2.0),
+        vocab=UNEVEN,
+        logits=_random(len(rows), UNEVEN, 3, torch.float32, scale=2.0),
         rows=rows,
         requests={0: None, 2: None},
         capacity=3,
@@ -182,8 +215,8 @@ def _narrow_frame() -> Scenario:
 
 def _nobody_requests() -> Scenario:
     return Scenario(
-        vocab=1000,
-        logits=_random(2, 1000, 1, torch.float32),
+        vocab=UNEVEN,
+        logits=_random(2, UNEVEN, 1, torch.float32),
         rows=[(0, 0, 1), (1, 0, 2)],
         requests={},
         capacity=2,
@@ -198,6 +231,8 @@ SCENARIOS = {
     "ties_fp32": lambda: _ties_across_shards(torch.float32),
     "ties_bf16": lambda: _ties_across_shards(torch.bfloat16),
     "ties_everywhere": _ties_everywhere,
+    "wide_fp32": _wide_fp32,
+    "two_tiles_bf16": _two_tiles,
     "vocab_5_natural": lambda: _small_vocabulary(5, full=False),
     "vocab_5_full": lambda: _small_vocabulary(5, full=True),
     "vocab_2_full": lambda: _small_vocabulary(2, full=True),
@@ -321,61 +356,31 @@ def _reference(scenario: Scenario) -> torch.Tensor:
     return out
 
 
-def _ordered(bits: torch.Tensor) -> torch.Tensor:
-    """FP32 bits as int64 integers in value order: adjacent floats differ by one."""
-    bits = bits.to(torch.int64)
-    return torch.where(bits >= 0, bits, -(bits & 0x7FFFFFFF))
-
-
-def _ulp(values: torch.Tensor) -> torch.Tensor:
-    magnitude = values.abs()
-    return torch.nextafter(magnitude, torch.full_like(magnitude, math.inf)) - magnitude
-
-
-def _allowed_ulps(scenario: Scenario, shape: torch.Size) -> torch.Tensor:
-    """Per value word: 2 ulps of the value plus 2 ulps of its row's normalizer, in value ulps.
-
-    The shards' masses are summed in another order than the single-rank sum, so the normalizer
-    may land an FP32 step or two away; a value much smaller than the normalizer (a likely token)
-    inherits that step in its own finer ulps.
-    """
-    expected = _reference(scenario)[..., 1::2].contiguous().view(torch.float32)
-    lse = torch.logsumexp(scenario.logits[:, : scenario.vocab].double(), dim=1).float()
-    allowed = torch.full(shape, 2.0)
-    for row, (slot, position, _) in enumerate(scenario.rows):
-        if slot in scenario.requests:
-            steps = 2 * _ulp(lse[row]) / _ulp(expected[slot, position])
-            allowed[slot, position] += torch.nan_to_num(steps, nan=0.0, posinf=0.0)
-    return allowed
-
-
 def _assert_matches_reference(outcomes, name: str) -> None:
-    """Same IDs, padding and untouched words as the reference; values within the ulp budget."""
+    """Every rank's packed output equals the reference's word for word.
+
+    IDs, FP32 bits, -1 padding and untouched sentinels alike: the normalizer is rebuilt from the
+    same tiles in the same order, so no rounding difference is allowed.
+    """
     scenario = SCENARIOS[name]()
     expected = _reference(scenario)
     for world, rank, got in _produced(outcomes, name):
         where = f"{name}, world {world} rank {rank}"
-        assert torch.equal(got[..., 0::2], expected[..., 0::2]), where
-        values, reference = got[..., 1::2], expected[..., 1::2]
-        distance = (_ordered(values) - _ordered(reference)).abs()
-        allowed = _allowed_ulps(scenario, distance.shape)
-        finite = torch.isfinite(reference.contiguous().view(torch.float32))
-        # Infinities, NaNs and untouched words carry no rounding: their bits must be equal.
-        assert torch.equal(values[~finite], reference[~finite]), where
-        assert bool((distance[finite] <= allowed[finite]).all()), (where, distance.max())
+        differing = (got != expected).nonzero().tolist()
+        assert not differing, (where, differing[:4])
         for slot, ids in scenario.expected_ids.items():
             position = next(p for s, p, _ in scenario.rows if s == slot)
             assert got[slot, position, 2 : 2 + 2 * len(ids) : 2].tolist() == ids, where
 
 
-@pytest.mark.parametrize("name", ["natural_fp32", "natural_bf16", "narrow_frame"])
+@pytest.mark.parametrize("name", ["natural_fp32", "natural_bf16", "narrow_frame", "wide_fp32"])
 def test_natural_alternatives_of_mixed_lanes_match_the_single_rank_reference(
     outcomes, name
 ) -> None:
     _assert_matches_reference(outcomes, name)
 
 
-@pytest.mark.parametrize("name", ["selected_fp32", "selected_bf16"])
+@pytest.mark.parametrize("name", ["selected_fp32", "selected_bf16", "two_tiles_bf16"])
 def test_selected_ids_report_in_caller_order_as_the_reference_does(outcomes, name) -> None:
     _assert_matches_reference(outcomes, name)
     scenario = SCENARIOS[name]()
@@ -383,8 +388,8 @@ def test_selected_ids_report_in_caller_order_as_the_reference_does(outcomes, nam
         for slot, ids in scenario.requests.items():
             if ids:
                 assert got[slot, 0, 2 : 2 + 2 * len(ids) : 2].tolist() == ids, (world, rank)
-        # Past a selection the frame keeps its contents.
-        assert set(got[0, 0, 4:].tolist()) == {SENTINEL}
+                # Past a selection the frame keeps its contents.
+                assert set(got[slot, 0, 2 + 2 * len(ids) :].tolist()) <= {SENTINEL}
 
 
 @pytest.mark.parametrize("name", ["ties_fp32", "ties_bf16", "ties_everywhere"])
@@ -446,21 +451,53 @@ def test_a_reducer_told_the_wrong_rank_refuses_before_any_exchange(outcomes) -> 
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 7])
-@pytest.mark.parametrize("vocab", [1, 2, 5, 1000, 151_936])
-def test_shard_ranges_are_contiguous_ordered_and_cover_the_vocabulary(vocab, world) -> None:
+@pytest.mark.parametrize("vocab", [1, 2, 5, 1000, 1024, 1025, 3000, 4100, 151_936])
+def test_shard_ranges_are_whole_tiles_split_as_evenly_as_possible(vocab, world) -> None:
     ranges = [shard_range(vocab, world, rank) for rank in range(world)]
     assert ranges[0][0] == 0 and ranges[-1][1] == vocab
     assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    # Every boundary but the vocabulary's end starts a tile of the single-rank normalizer.
+    assert all(stop % LSE_TILE == 0 for _, stop in ranges if stop != vocab)
+    tiles = [-(-(stop - start) // LSE_TILE) for start, stop in ranges]
+    assert sum(tiles) == -(-vocab // LSE_TILE)
+    assert tiles == sorted(tiles, reverse=True) and tiles[0] - tiles[-1] <= 1
+    # Rank 0's range is the widest, so every rank's tensor can share its width.
     widths = [stop - start for start, stop in ranges]
-    # Full widths, then at most one short range, then empty ones: every rank's tensor can share
-    # the first rank's width with padding at the end.
-    stride = -(-vocab // world)
-    assert widths == sorted(widths, reverse=True) and widths[0] == stride
-    assert sum(0 < width < stride for width in widths) <= 1
+    assert max(widths) == widths[0]
 
 
-def test_uneven_shards_of_1000_over_3_ranks_leave_two_padded_lanes_on_the_last() -> None:
-    assert [shard_range(1000, 3, rank) for rank in range(3)] == [(0, 334), (334, 668), (668, 1000)]
+@pytest.mark.parametrize(
+    ("vocab", "world", "expected"),
+    [
+        (3 * LSE_TILE, 2, [(0, 2048), (2048, 3072)]),
+        (UNEVEN, 3, [(0, 2048), (2048, 4096), (4096, 4100)]),
+        (UNEVEN, 2, [(0, 3072), (3072, 4100)]),
+        (1000, 3, [(0, 1000), (1000, 1000), (1000, 1000)]),
+        (1500, 3, [(0, 1024), (1024, 1500), (1500, 1500)]),
+    ],
+)
+def test_uneven_tile_counts_put_the_extra_tiles_on_the_first_ranks(vocab, world, expected) -> None:
+    assert [shard_range(vocab, world, rank) for rank in range(world)] == expected
+
+
+@pytest.mark.parametrize(
+    ("vocab", "world"),
+    [(MAX_SHARD_TILES * LSE_TILE, 1), (151_936, 2), (2 * MAX_SHARD_TILES * LSE_TILE, 2)],
+)
+def test_a_reducer_accepts_shards_of_up_to_127_tiles(vocab, world) -> None:
+    for rank in range(world):
+        VocabParallelLogprobReducer(vocab, NATURAL_TOP_K, rank, world)
+
+
+@pytest.mark.parametrize(
+    ("vocab", "world"),
+    [(MAX_SHARD_TILES * LSE_TILE + 1, 1), (151_936, 1), (2 * MAX_SHARD_TILES * LSE_TILE + 1, 2)],
+)
+def test_every_rank_refuses_a_shard_of_more_tiles_than_exchange_1_carries(vocab, world) -> None:
+    assert MAX_SHARD_TILES == 127
+    for rank in range(world):
+        with pytest.raises(ValueError, match="at most 127"):
+            VocabParallelLogprobReducer(vocab, NATURAL_TOP_K, rank, world)
 
 
 @pytest.mark.parametrize(
@@ -482,12 +519,12 @@ def test_a_reducer_rejects_k_outside_one_to_twenty(top_k) -> None:
 def test_reduce_rejects_shards_narrower_than_their_range_before_any_exchange() -> None:
     scenario = _nobody_requests()
     out, requested, counts, token_ids = scenario.frame()
-    reducer = VocabParallelLogprobReducer(1000, NATURAL_TOP_K, 2, 3)
+    reducer = VocabParallelLogprobReducer(UNEVEN, NATURAL_TOP_K, 2, 3)
     with pytest.raises(ValueError):
-        reducer.reduce(torch.zeros(2, 331), *scenario.columns(), requested, counts, token_ids, out)
+        reducer.reduce(torch.zeros(2, 3), *scenario.columns(), requested, counts, token_ids, out)
     with pytest.raises(TypeError):
         reducer.reduce(
-            torch.zeros(2, 332, dtype=torch.int32),
+            torch.zeros(2, 4, dtype=torch.int32),
             *scenario.columns(),
             requested,
             counts,
