@@ -240,6 +240,9 @@ class TritonLogprobReducer(ReferenceLogprobReducer):
 
     def reserve(self, rows: int, device: torch.device | str) -> None:
         """Allocates the workspaces for up to `rows` rows (before capture, for instance)."""
+        # A bare "cuda" names the current device; normalize so the comparison below is exact and
+        # a graph captured over these workspaces never sees them reallocated.
+        device = torch.empty(0, device=device).device
         workspace = self._workspace
         if (
             workspace is not None
