@@ -178,9 +178,18 @@ def test_a_step_that_samples_nothing_uploads_no_logprob_flags(tiny_model_dir):
     outputs = executor._outputs
     outputs.requested.fill_(7)  # a sentinel the upload would overwrite
     prompt = tuple(tokenizer.encode(PROMPTS[1]))
-    prefill_only = SlotWork(slot=0, epoch=1, token_ids=prompt[:4], start_position=0,
-                            block_table=(0, 1), prompt_len=len(prompt), sample=False,
-                            params=SamplingParams(), seed=0, logprobs=LogprobOptions(top_k=2))
+    prefill_only = SlotWork(
+        slot=0,
+        epoch=1,
+        token_ids=prompt[:4],
+        start_position=0,
+        block_table=(0, 1),
+        prompt_len=len(prompt),
+        sample=False,
+        params=SamplingParams(),
+        seed=0,
+        logprobs=LogprobOptions(top_k=2),
+    )
 
     result = executor.read(executor.submit(StepPlan((prefill_only,))))
 
