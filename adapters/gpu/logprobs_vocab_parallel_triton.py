@@ -1,0 +1,368 @@
+"""Vocabulary-sharded generation logprobs as six prepared Triton launches around two exchanges."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+import triton
+import triton.language as tl
+
+from adapters.gpu.logprobs_reference import LSE_TILE
+from adapters.gpu.logprobs_triton import (
+    _finite_or_zero,
+    _fp32_exp,
+    _fp32_log,
+    _gate,
+    _tile_stats_kernel,
+    order_keys,
+)
+from adapters.gpu.logprobs_vocab_parallel import (
+    EXCHANGE_WORDS,
+    SHARD_CANDIDATES,
+    VocabParallelLogprobReducer,
+    shard_range,
+)
+from domain.logprobs import MAX_SELECTED_IDS
+
+_LOG2_TILE = LSE_TILE.bit_length() - 1
+# The exchange 2 layout of the torch stages: 32 int64 keys (64 words), their 32 reported values,
+# or the 128 selected raw logits; then the chosen raw logit.
+_VALUE_WORD = 2 * SHARD_CANDIDATES
+_CHOSEN_WORD = MAX_SELECTED_IDS
+# Kernels may only read module globals that are constexpr.
+_NAN_BITS = tl.constexpr(0x7FC00000)  # the bits torch writes for float("nan")
+_INT64_MIN = tl.constexpr(-(2**63))
+_LOW_WORD = tl.constexpr(0xFFFFFFFF)
+
+
+@triton.jit
+def _pack_statistics_kernel(slots, requested, stats, send, tiles, stats_tiles, WORDS: tl.constexpr):
+    # Exchange 1: the shard's (maximum, mass) pairs in tile order, every other word zero.
+    row = tl.program_id(0)
+    if _gate(row, slots, requested, slots, False, False):
+        index = tl.arange(0, WORDS)
+        pairs = tl.load(
+            stats + row.to(tl.int64) * stats_tiles * 2 + index, mask=index < 2 * tiles, other=0
+        )
+        tl.store(send + row.to(tl.int64) * WORDS + index, pairs)
+
+
+@triton.jit
+def _combine_kernel(
+    slots, requested, gathered, tile_words, lse, tiles,
+    TILES_BLOCK: tl.constexpr, WORDS: tl.constexpr,
+):  # fmt: skip
+    # tile_words[g] locates global tile g's pair in the gathered words, so this is the
+    # single-rank normalization over the same tiles in the same order.
+    row = tl.program_id(0)
+    if _gate(row, slots, requested, slots, False, False):
+        base = gathered + row.to(tl.int64) * WORDS
+        index = tl.arange(0, TILES_BLOCK)
+        at = tl.load(tile_words + index, mask=index < tiles, other=0)
+        peaks = tl.load(base + at, mask=index < tiles, other=float("-inf"))
+        shift = _finite_or_zero(tl.max(peaks, 0))
+        total = tl.zeros([1], dtype=tl.float32)
+        one = tl.arange(0, 1)
+        for tile in range(tiles):  # in global tile order, one rounding per tile
+            word = tl.load(tile_words + tile + one)
+            peak = tl.load(base + word)
+            mass = tl.load(base + word + 1)
+            rescaled = mass * _fp32_exp(_finite_or_zero(peak) - shift)
+            total = total + tl.where(peak == float("-inf"), 0.0, rescaled)
+        tl.store(lse + row, tl.sum(shift + _fp32_log(total), 0))
+
+
+@triton.jit
+def _shard_candidates_kernel(
+    logits, row_stride, slots, requested, counts, lse, keys, start, width, tiles,
+    HAS_IDS: tl.constexpr, TILE: tl.constexpr, CANDIDATES: tl.constexpr,
+):  # fmt: skip
+    # The single-rank tile candidates, except that the keys carry global token IDs.
+    row, tile = tl.program_id(0), tl.program_id(1)
+    if _gate(row, slots, requested, counts, HAS_IDS, True):
+        lanes = tile * TILE + tl.arange(0, TILE)
+        inside = lanes < width
+        x = tl.load(logits + row.to(tl.int64) * row_stride + lanes, mask=inside, other=0.0)
+        values = x.to(tl.float32) - tl.load(lse + row)
+        ranked = tl.where(inside, order_keys(values, lanes + start), _INT64_MIN)
+        cell = keys + (row.to(tl.int64) * tiles + tile) * CANDIDATES
+        for rank in range(CANDIDATES):  # keys are unique, so equality removes exactly one
+            best = tl.max(ranked, 0)
+            tl.store(cell + rank, best)
+            ranked = tl.where(ranked == best, _INT64_MIN, ranked)
+
+
+@triton.jit
+def _owned_bits(logits_row, token_ids, wanted, start, width):
+    """int32 bits of the raw FP32 logit of each wanted ID in [start, start + width); else NaN."""
+    owns = wanted & (token_ids >= start) & (token_ids < start + width)
+    local = tl.where(owns, token_ids - start, 0)
+    x = tl.load(logits_row + local, mask=owns, other=0.0).to(tl.float32)
+    return tl.where(owns, x.to(tl.int32, bitcast=True), _NAN_BITS)
+
+
+@triton.jit
+def _pack_candidates_kernel(
+    logits, row_stride, slots, chosen, requested, counts, token_ids, lse, keys, send, send_keys,
+    start, width, tiles,
+    HAS_IDS: tl.constexpr, CANDIDATES: tl.constexpr, CANDIDATES_BLOCK: tl.constexpr,
+    SELECTED: tl.constexpr, WORDS: tl.constexpr, VALUE_WORD: tl.constexpr,
+    CHOSEN_WORD: tl.constexpr,
+):  # fmt: skip
+    # Exchange 2. Every word of a live row is written exactly once (the store masks are
+    # disjoint), so no word of exchange 1 or of an earlier call travels again.
+    row = tl.program_id(0)
+    if _gate(row, slots, requested, counts, HAS_IDS, False):
+        slot = tl.load(slots + row).to(tl.int64)
+        logits_row = logits + row.to(tl.int64) * row_stride
+        words = send + row.to(tl.int64) * WORDS
+        index = tl.arange(0, WORDS)
+        one = tl.arange(0, 1)
+        token = tl.load(chosen + row + one).to(tl.int64)
+        tl.store(words + CHOSEN_WORD + one, _owned_bits(logits_row, token, one == 0, start, width))
+        count = 0
+        if HAS_IDS:
+            count = tl.minimum(tl.load(counts + slot), SELECTED)
+        if count > 0:
+            picked = tl.arange(0, SELECTED)
+            live = picked < count
+            ids = tl.load(token_ids + slot * SELECTED + picked, mask=live, other=0).to(tl.int64)
+            tl.store(words + picked, _owned_bits(logits_row, ids, live, start, width))
+            tl.store(words + index, 0, mask=index > CHOSEN_WORD)
+        else:
+            shift = tl.load(lse + row)
+            candidate = tl.arange(0, CANDIDATES_BLOCK)
+            ranked = tl.load(
+                keys + row.to(tl.int64) * tiles * CANDIDATES + candidate,
+                mask=candidate < tiles * CANDIDATES,
+                other=_INT64_MIN,
+            )
+            row_keys = send_keys + row.to(tl.int64) * (WORDS // 2)
+            for rank in range(CANDIDATES):
+                best = tl.max(ranked, 0)
+                ranked = tl.where(ranked == best, _INT64_MIN, ranked)
+                key = tl.zeros([1], dtype=tl.int64) + best
+                found = key != _INT64_MIN  # a shard narrower than 32 lanes runs out
+                local = tl.where(found, (_LOW_WORD - (key & _LOW_WORD)) - start, 0)
+                x = tl.load(logits_row + local, mask=found, other=0.0).to(tl.float32)
+                bits = tl.where(found, (x - shift).to(tl.int32, bitcast=True), 0)
+                tl.store(row_keys + rank + one, key)
+                tl.store(words + VALUE_WORD + rank + one, bits)
+            unused = (index >= VALUE_WORD + CANDIDATES) & (index != CHOSEN_WORD)
+            tl.store(words + index, 0, mask=unused)
+
+
+@triton.jit
+def _gathered_bits(row_words, peer_words, stops, world, token_ids, word, wanted, vocab, shift,
+                   WORLD_BLOCK: tl.constexpr):  # fmt: skip
+    """int32 bits of raw - lse, the raw word at `word` of the rank owning each ID; NaN outside."""
+    inside = (token_ids >= 0) & (token_ids < vocab)
+    clamped = tl.minimum(tl.maximum(token_ids, 0), vocab - 1)
+    peers = tl.arange(0, WORLD_BLOCK)
+    stop = tl.load(stops + peers, mask=peers < world, other=vocab)
+    # The first rank whose stop lies past the ID; empty ranges never own one.
+    owner = tl.sum((stop[None, :] <= clamped[:, None]).to(tl.int64), 1)
+    raw = tl.load(row_words + owner * peer_words + word, mask=wanted, other=0)
+    bits = (raw.to(tl.float32, bitcast=True) - shift).to(tl.int32, bitcast=True)
+    return tl.where(inside, bits, _NAN_BITS)
+
+
+@triton.jit
+def _final_merge_kernel(
+    gathered, gathered_keys, peer_words, stops, world, slots, positions, chosen, requested,
+    counts, token_ids, lse, out, out_tokens, out_words, vocab,
+    HAS_IDS: tl.constexpr, TOP_K: tl.constexpr, CANDIDATES: tl.constexpr,
+    CANDIDATES_BLOCK: tl.constexpr, WORLD_BLOCK: tl.constexpr, SELECTED: tl.constexpr,
+    WORDS: tl.constexpr, VALUE_WORD: tl.constexpr, CHOSEN_WORD: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    if _gate(row, slots, requested, counts, HAS_IDS, False):
+        slot = tl.load(slots + row).to(tl.int64)
+        position = tl.load(positions + row).to(tl.int64)
+        target = out + (slot * out_tokens + position) * out_words
+        row_words = gathered + row.to(tl.int64) * WORDS
+        shift = tl.load(lse + row)
+        one = tl.arange(0, 1)
+        token = tl.load(chosen + row + one).to(tl.int64)
+        chosen_bits = _gathered_bits(
+            row_words, peer_words, stops, world, token, CHOSEN_WORD, one == 0, vocab, shift,
+            WORLD_BLOCK,
+        )  # fmt: skip
+        tl.store(target + one, token.to(tl.int32))
+        tl.store(target + 1 + one, chosen_bits)
+        count = 0
+        if HAS_IDS:
+            count = tl.minimum(tl.load(counts + slot), SELECTED)
+        if count > 0:
+            index = tl.arange(0, SELECTED)
+            live = index < count
+            ids = tl.load(token_ids + slot * SELECTED + index, mask=live, other=0)
+            bits = _gathered_bits(
+                row_words, peer_words, stops, world, ids.to(tl.int64), index, live, vocab,
+                shift, WORLD_BLOCK,
+            )  # fmt: skip
+            tl.store(target + 2 + 2 * index, ids, mask=live)
+            tl.store(target + 3 + 2 * index, bits, mask=live)
+        else:
+            candidate = tl.arange(0, CANDIDATES_BLOCK)
+            offered = candidate < world * CANDIDATES
+            peer = (candidate // CANDIDATES).to(tl.int64)
+            rank_words = row.to(tl.int64) * WORDS + peer * peer_words
+            ranked = tl.load(
+                gathered_keys + rank_words // 2 + candidate % CANDIDATES,
+                mask=offered,
+                other=_INT64_MIN,
+            )
+            values = tl.load(
+                gathered + rank_words + VALUE_WORD + candidate % CANDIDATES, mask=offered, other=0
+            )
+            for rank in range(TOP_K):
+                best = tl.max(ranked, 0)
+                hit = ranked == best
+                ranked = tl.where(hit, _INT64_MIN, ranked)
+                key = tl.zeros([1], dtype=tl.int64) + best
+                found = key != _INT64_MIN  # a vocabulary smaller than K runs out
+                # A real key is unique, so the masked sum is the one value sent with it.
+                bits = tl.sum(tl.where(hit, values, 0), 0)
+                token_id = tl.where(found, _LOW_WORD - (key & _LOW_WORD), -1)
+                tl.store(target + 2 + 2 * rank + one, token_id.to(tl.int32))
+                tl.store(target + 3 + 2 * rank + one, tl.where(found, bits, 0))
+
+
+class TritonVocabParallelLogprobReducer(VocabParallelLogprobReducer):
+    """The torch-staged vocabulary-parallel contract from six Triton launches per rank.
+
+    Launches: shard tile statistics, exchange 1 packing, the global normalization, shard tile
+    candidates, exchange 2 packing and the final merge. No host synchronization chooses rows:
+    every row of the shard gets programs, a row whose slot has a zero flag stops after reading
+    its flag, and each exchange carries all R rows (a non-requesting row's words are whatever
+    its workspace holds and no rank reads them). Workspaces are kept for the largest row count
+    seen; logits never travel.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        top_k: int,
+        rank: int,
+        world_size: int,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        super().__init__(vocab_size, top_k, rank, world_size, group)
+        self.tiles = self._shard_tiles[rank]
+        # An empty shard still runs one gated tile of no lanes, so every launch has a grid.
+        self._stats_tiles = max(self.tiles, 1)
+        self._workspace: dict[str, torch.Tensor] | None = None
+
+    def reserve(self, rows: int, device: torch.device | str) -> None:
+        """Allocates the workspaces and exchange buffers for up to `rows` rows."""
+        device = torch.empty(0, device=device).device
+        workspace = self._workspace
+        if (
+            workspace is not None
+            and workspace["lse"].shape[0] >= rows
+            and workspace["lse"].device == device
+        ):
+            return
+        rows = max(rows, 1)
+        peer_words = rows * EXCHANGE_WORDS
+        # Where each global tile's pair lies in the gathered words, in global tile order.
+        tile_words = [
+            peer * peer_words + 2 * tile
+            for peer, tiles in enumerate(self._shard_tiles)
+            for tile in range(tiles)
+        ]
+        stops = [shard_range(self.vocab_size, self.world_size, peer)[1]
+                 for peer in range(self.world_size)]  # fmt: skip
+        self._workspace = {
+            "stats": torch.empty(rows, self._stats_tiles, 2, dtype=torch.float32, device=device),
+            "keys": torch.empty(
+                rows, self._stats_tiles, SHARD_CANDIDATES, dtype=torch.int64, device=device
+            ),
+            "lse": torch.empty(rows, dtype=torch.float32, device=device),
+            # Zeroed once, so the words of rows that never requested are deterministic.
+            "send": torch.zeros(rows, EXCHANGE_WORDS, dtype=torch.int32, device=device),
+            "received": torch.zeros(
+                self.world_size, rows, EXCHANGE_WORDS, dtype=torch.int32, device=device
+            ),
+            "tile_words": torch.tensor(tile_words, dtype=torch.int64, device=device),
+            "stops": torch.tensor(stops, dtype=torch.int64, device=device),
+        }
+
+    def reduce(
+        self,
+        logits_shard: torch.Tensor,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        chosen: torch.Tensor,
+        requested: torch.Tensor,
+        counts: torch.Tensor | None,
+        token_ids: torch.Tensor | None,
+        out: torch.Tensor,
+    ) -> None:
+        """Same contract as VocabParallelLogprobReducer.reduce; both exchanges carry all rows."""
+        self._check(logits_shard, out, counts, token_ids)
+        rows = logits_shard.shape[0]
+        if rows == 0:
+            return
+        self._check_group()
+        if logits_shard.stride(1) != 1:
+            logits_shard = logits_shard.contiguous()
+        self.reserve(rows, logits_shard.device)
+        space = self._workspace
+        has_ids = counts is not None
+        counts = counts if has_ids else requested  # never read without HAS_IDS
+        token_ids = token_ids if has_ids else requested
+        # A fused multiply-add rounds once where the reference rounds twice.
+        common = {} if os.environ.get("TRITON_INTERPRET") == "1" else {"enable_fp_fusion": False}
+        row_stride, width = logits_shard.stride(0), self.stop - self.start
+        stats_tiles, peer_words = self._stats_tiles, space["received"].stride(0)
+        send, received = space["send"], space["received"]
+        _tile_stats_kernel[(rows, stats_tiles)](
+            logits_shard, row_stride, slots, requested, space["stats"], width, stats_tiles,
+            TILE=LSE_TILE, LOG2_TILE=_LOG2_TILE, **common,
+        )  # fmt: skip
+        _pack_statistics_kernel[(rows,)](
+            slots, requested, space["stats"].view(torch.int32), send, self.tiles, stats_tiles,
+            WORDS=EXCHANGE_WORDS, **common,
+        )  # fmt: skip
+        self._gather(send, received, rows)
+        total_tiles = space["tile_words"].shape[0]
+        _combine_kernel[(rows,)](
+            slots, requested, received.view(torch.float32), space["tile_words"], space["lse"],
+            total_tiles, TILES_BLOCK=triton.next_power_of_2(total_tiles),
+            WORDS=EXCHANGE_WORDS, **common,
+        )  # fmt: skip
+        _shard_candidates_kernel[(rows, stats_tiles)](
+            logits_shard, row_stride, slots, requested, counts, space["lse"], space["keys"],
+            self.start, width, stats_tiles,
+            HAS_IDS=has_ids, TILE=LSE_TILE, CANDIDATES=SHARD_CANDIDATES, **common,
+        )  # fmt: skip
+        _pack_candidates_kernel[(rows,)](
+            logits_shard, row_stride, slots, chosen, requested, counts, token_ids, space["lse"],
+            space["keys"], send, send.view(torch.int64), self.start, width, stats_tiles,
+            HAS_IDS=has_ids, CANDIDATES=SHARD_CANDIDATES,
+            CANDIDATES_BLOCK=triton.next_power_of_2(stats_tiles * SHARD_CANDIDATES),
+            SELECTED=MAX_SELECTED_IDS, WORDS=EXCHANGE_WORDS, VALUE_WORD=_VALUE_WORD,
+            CHOSEN_WORD=_CHOSEN_WORD, **common,
+        )  # fmt: skip
+        self._gather(send, received, rows)
+        _final_merge_kernel[(rows,)](
+            received, received.view(torch.int64), peer_words, space["stops"], self.world_size,
+            slots, positions, chosen, requested, counts, token_ids, space["lse"], out,
+            out.shape[1], out.shape[2], self.vocab_size,
+            HAS_IDS=has_ids, TOP_K=self.top_k, CANDIDATES=SHARD_CANDIDATES,
+            CANDIDATES_BLOCK=triton.next_power_of_2(self.world_size * SHARD_CANDIDATES),
+            WORLD_BLOCK=triton.next_power_of_2(self.world_size), SELECTED=MAX_SELECTED_IDS,
+            WORDS=EXCHANGE_WORDS, VALUE_WORD=_VALUE_WORD, CHOSEN_WORD=_CHOSEN_WORD, **common,
+        )  # fmt: skip
+
+    def _gather(self, send: torch.Tensor, received: torch.Tensor, rows: int) -> None:
+        """All-gathers the first `rows` rows of every rank's words into `received`, in rank order.
+
+        The words travel as FP32 and only copies touch them, so bit-cast keys arrive unchanged.
+        """
+        slabs = [received[peer, :rows].view(torch.float32) for peer in range(self.world_size)]
+        dist.all_gather(slabs, send[:rows].view(torch.float32), group=self.group)
