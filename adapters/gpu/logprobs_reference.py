@@ -139,6 +139,27 @@ def _log_normalizer(rows: torch.Tensor) -> torch.Tensor:
     return combine_tiles(*tile_statistics(rows))
 
 
+def top_sort_keys(values: torch.Tensor, k: int) -> torch.Tensor:
+    """The k largest `order_keys` of each row of FP32 `values` (all lanes real), descending.
+
+    PERF: keys are built only for the best k + 8 values by float order. That set holds every
+    value >= the k-th one unless the value at its end still equals the k-th (ties run past
+    it); such rows fall back to keys over the whole row. The result is the same either way.
+    """
+    width = values.shape[1]
+    candidates = min(width, k + _SPARE_CANDIDATES)
+    best, best_ids = torch.topk(values, candidates, dim=1)
+    keys = torch.topk(order_keys(best, best_ids), k, dim=1).values
+    if candidates == width:
+        return keys
+    crowded = (best[:, -1] == best[:, k - 1]).nonzero().flatten()
+    if crowded.numel():
+        ids = torch.arange(width, dtype=torch.int64, device=values.device)
+        full = order_keys(values.index_select(0, crowded), ids)
+        keys[crowded] = torch.topk(full, k, dim=1).values
+    return keys
+
+
 def check_bundle(
     out: torch.Tensor, counts: torch.Tensor | None, token_ids: torch.Tensor | None, top_k: int
 ) -> None:
@@ -227,28 +248,9 @@ class ReferenceLogprobReducer:
         real = logits[:, : self.vocab_size].index_select(0, rows).to(torch.float32)
         return real.sub_(_log_normalizer(real)[:, None])
 
-    def _top_keys(self, values: torch.Tensor, k: int) -> torch.Tensor:
-        """The k largest sort keys of each row, in descending order.
-
-        PERF: keys are built only for the best k + 8 values by float order. That set holds every
-        value >= the k-th one unless the value at its end still equals the k-th (ties run past
-        it); such rows fall back to keys over the whole row. The result is the same either way.
-        """
-        candidates = min(self.vocab_size, k + _SPARE_CANDIDATES)
-        best, best_ids = torch.topk(values, candidates, dim=1)
-        keys = torch.topk(order_keys(best, best_ids), k, dim=1).values
-        if candidates == self.vocab_size:
-            return keys
-        crowded = (best[:, -1] == best[:, k - 1]).nonzero().flatten()
-        if crowded.numel():
-            ids = torch.arange(self.vocab_size, dtype=torch.int64, device=values.device)
-            full = order_keys(values.index_select(0, crowded), ids)
-            keys[crowded] = torch.topk(full, k, dim=1).values
-        return keys
-
     def _natural(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The top-K (ID, bits) pairs by sort key, padded with (-1, 0) past the vocabulary."""
-        top_keys = self._top_keys(values, min(self.top_k, self.vocab_size))
+        top_keys = top_sort_keys(values, min(self.top_k, self.vocab_size))
         top_ids = _LOW_WORD - (top_keys & _LOW_WORD)
         # Bits come from the values themselves, so a reported -0.0 keeps its sign.
         top_bits = values.gather(1, top_ids).view(torch.int32)
