@@ -226,7 +226,7 @@ class ReferenceLogprobReducer:
                 values, slots, counts, token_ids, natural_ids, natural_bits
             )
         chosen_bits = self._read(values, chosen, torch.ones_like(chosen, dtype=torch.bool))
-        self._write(out, slots, positions, chosen, chosen_bits, pair_ids, pair_bits, live)
+        write_positions(out, slots, positions, chosen, chosen_bits, pair_ids, pair_bits, live)
 
     def _check(
         self,
@@ -297,42 +297,42 @@ class ReferenceLogprobReducer:
         read = read.squeeze(1) if squeeze else read
         return torch.where(inside, read, torch.full_like(read, float("nan"))).view(torch.int32)
 
-    @staticmethod
-    def _write(
-        out: torch.Tensor,
-        slots: torch.Tensor,
-        positions: torch.Tensor,
-        chosen: torch.Tensor,
-        chosen_bits: torch.Tensor,
-        pair_ids: torch.Tensor,
-        pair_bits: torch.Tensor,
-        live: torch.Tensor | None,
-    ) -> None:
-        """Scatters the payload into the flat frame, touching only the words that carry data.
 
-        A pair that must stay unwritten is aimed at pair 0 with pair 0's own words (pair 0 is
-        always written), so the scatter keeps a static shape and needs no mask on the host.
-        """
-        pairs = pair_ids.shape[1]
-        index = torch.arange(pairs, device=out.device).expand(pair_ids.shape[0], pairs)
-        if live is not None:
-            index = torch.where(live, index, torch.zeros_like(index))
-            pair_ids = torch.where(live, pair_ids, pair_ids[:, :1])
-            pair_bits = torch.where(live, pair_bits, pair_bits[:, :1])
-        words = torch.cat(
-            [
-                chosen.to(torch.int32)[:, None],
-                chosen_bits[:, None],
-                torch.stack([pair_ids, pair_bits], dim=2).flatten(1),
-            ],
-            dim=1,
-        )
-        offsets = torch.cat(
-            [
-                torch.arange(2, device=out.device).expand(index.shape[0], 2),
-                torch.stack([2 + 2 * index, 3 + 2 * index], dim=2).flatten(1),
-            ],
-            dim=1,
-        )
-        base = (slots * out.shape[1] + positions) * out.shape[2]
-        out.view(-1).scatter_(0, (base[:, None] + offsets).flatten(), words.flatten())
+def write_positions(
+    out: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    chosen: torch.Tensor,
+    chosen_bits: torch.Tensor,
+    pair_ids: torch.Tensor,
+    pair_bits: torch.Tensor,
+    live: torch.Tensor | None,
+) -> None:
+    """Scatters the payload into the flat frame, touching only the words that carry data.
+
+    A pair that must stay unwritten is aimed at pair 0 with pair 0's own words (pair 0 is
+    always written), so the scatter keeps a static shape and needs no mask on the host.
+    """
+    pairs = pair_ids.shape[1]
+    index = torch.arange(pairs, device=out.device).expand(pair_ids.shape[0], pairs)
+    if live is not None:
+        index = torch.where(live, index, torch.zeros_like(index))
+        pair_ids = torch.where(live, pair_ids, pair_ids[:, :1])
+        pair_bits = torch.where(live, pair_bits, pair_bits[:, :1])
+    words = torch.cat(
+        [
+            chosen.to(torch.int32)[:, None],
+            chosen_bits[:, None],
+            torch.stack([pair_ids, pair_bits], dim=2).flatten(1),
+        ],
+        dim=1,
+    )
+    offsets = torch.cat(
+        [
+            torch.arange(2, device=out.device).expand(index.shape[0], 2),
+            torch.stack([2 + 2 * index, 3 + 2 * index], dim=2).flatten(1),
+        ],
+        dim=1,
+    )
+    base = (slots * out.shape[1] + positions) * out.shape[2]
+    out.view(-1).scatter_(0, (base[:, None] + offsets).flatten(), words.flatten())

@@ -37,7 +37,7 @@ _L0, _L1, _L2, _L3, _L4, _L5, _L6, _L7, _L8 = (tl.constexpr(c) for c in LOG_COEF
 
 
 @triton.jit
-def _fp32_exp(x):
+def tl_fp32_exp(x):
     # Operation for operation the reference's fp32_exp; launches disable FMA contraction.
     finite = tl.where(x != x, 0.0, x)
     finite = tl.minimum(tl.maximum(finite, _EXP_LOW), _EXP_HIGH)
@@ -58,7 +58,7 @@ def _fp32_exp(x):
 
 
 @triton.jit
-def _fp32_log(s):
+def tl_fp32_log(s):
     # Operation for operation the reference's fp32_log.
     usable = (s == s) & (s > 0.0) & (s != float("inf"))
     normal = tl.where(usable, s, 1.0)
@@ -87,12 +87,12 @@ def _fp32_log(s):
 
 
 @triton.jit
-def _finite_or_zero(peak):
+def tl_finite_or_zero(peak):
     return tl.where((peak == float("inf")) | (peak == float("-inf")), 0.0, peak)
 
 
 @triton.jit
-def _gate(row, slots, requested, counts, HAS_IDS: tl.constexpr, NATURAL_ONLY: tl.constexpr):
+def gate_row(row, slots, requested, counts, HAS_IDS: tl.constexpr, NATURAL_ONLY: tl.constexpr):
     """Whether the row's slot requests; with NATURAL_ONLY, also that it selects no IDs."""
     slot = tl.load(slots + row)
     live = tl.load(requested + slot) != 0
@@ -102,12 +102,12 @@ def _gate(row, slots, requested, counts, HAS_IDS: tl.constexpr, NATURAL_ONLY: tl
 
 
 @triton.jit
-def _tile_stats_kernel(
+def tile_stats_kernel(
     logits, row_stride, slots, requested, stats, vocab, tiles,
     TILE: tl.constexpr, LOG2_TILE: tl.constexpr,
 ):  # fmt: skip
     row, tile = tl.program_id(0), tl.program_id(1)
-    if _gate(row, slots, requested, slots, False, False):
+    if gate_row(row, slots, requested, slots, False, False):
         lanes = tile * TILE + tl.arange(0, TILE)
         x = tl.load(
             logits + row.to(tl.int64) * row_stride + lanes,
@@ -115,7 +115,7 @@ def _tile_stats_kernel(
             other=float("-inf"),
         ).to(tl.float32)
         peak = tl.max(x, 0)
-        mass = _fp32_exp(x - _finite_or_zero(peak))
+        mass = tl_fp32_exp(x - tl_finite_or_zero(peak))
         for level in tl.static_range(LOG2_TILE):
             left, right = tl.split(tl.reshape(mass, [TILE >> (level + 1), 2]))
             mass = left + right
@@ -127,19 +127,19 @@ def _tile_stats_kernel(
 @triton.jit
 def _normalize_kernel(slots, requested, stats, lse, tiles, TILES_BLOCK: tl.constexpr):
     row = tl.program_id(0)
-    if _gate(row, slots, requested, slots, False, False):
+    if gate_row(row, slots, requested, slots, False, False):
         base = stats + row.to(tl.int64) * tiles * 2
         index = tl.arange(0, TILES_BLOCK)
         peaks = tl.load(base + 2 * index, mask=index < tiles, other=float("-inf"))
-        shift = _finite_or_zero(tl.max(peaks, 0))
+        shift = tl_finite_or_zero(tl.max(peaks, 0))
         total = tl.zeros([1], dtype=tl.float32)
         for tile in range(tiles):  # in tile order, one rounding per tile, as the reference
             one = tl.arange(0, 1)
             peak = tl.load(base + 2 * tile + one)
             mass = tl.load(base + 2 * tile + 1 + one)
-            rescaled = mass * _fp32_exp(_finite_or_zero(peak) - shift)
+            rescaled = mass * tl_fp32_exp(tl_finite_or_zero(peak) - shift)
             total = total + tl.where(peak == float("-inf"), 0.0, rescaled)
-        tl.store(lse + row, tl.sum(shift + _fp32_log(total), 0))
+        tl.store(lse + row, tl.sum(shift + tl_fp32_log(total), 0))
 
 
 @triton.jit
@@ -157,7 +157,7 @@ def _tile_candidates_kernel(
     HAS_IDS: tl.constexpr, TILE: tl.constexpr, CANDIDATES: tl.constexpr,
 ):  # fmt: skip
     row, tile = tl.program_id(0), tl.program_id(1)
-    if _gate(row, slots, requested, counts, HAS_IDS, True):
+    if gate_row(row, slots, requested, counts, HAS_IDS, True):
         lanes = tile * TILE + tl.arange(0, TILE)
         inside = lanes < vocab
         x = tl.load(logits + row.to(tl.int64) * row_stride + lanes, mask=inside, other=0.0)
@@ -188,7 +188,7 @@ def _merge_kernel(
     CANDIDATES: tl.constexpr, SELECTED: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
-    if _gate(row, slots, requested, counts, HAS_IDS, False):
+    if gate_row(row, slots, requested, counts, HAS_IDS, False):
         slot = tl.load(slots + row).to(tl.int64)
         position = tl.load(positions + row).to(tl.int64)
         target = out + (slot * out_tokens + position) * out_words
@@ -283,7 +283,7 @@ class TritonLogprobReducer(ReferenceLogprobReducer):
         # A fused multiply-add rounds once where the reference rounds twice.
         common = {} if os.environ.get("TRITON_INTERPRET") == "1" else {"enable_fp_fusion": False}
         row_stride, vocab, tiles = logits.stride(0), self.vocab_size, self.tiles
-        _tile_stats_kernel[(rows, tiles)](
+        tile_stats_kernel[(rows, tiles)](
             logits, row_stride, slots, requested, stats, vocab, tiles,
             TILE=LSE_TILE, LOG2_TILE=_LOG2_TILE, **common,
         )  # fmt: skip

@@ -11,6 +11,7 @@ from adapters.gpu.logprobs_reference import (
     combine_tiles,
     order_keys,
     tile_statistics,
+    write_positions,
 )
 from domain.logprobs import MAX_SELECTED_IDS, NATURAL_TOP_K, NO_TOKEN
 
@@ -321,34 +322,4 @@ class VocabParallelLogprobReducer:
             pair_bits = torch.where(selects[:, None], selected_bits, pair_bits)
             index = torch.arange(MAX_SELECTED_IDS, device=out.device)
             live = torch.where(selects[:, None], in_prefix, index[None, :] < self.top_k)
-        _scatter(out, slots, positions, chosen, chosen_bits, pair_ids, pair_bits, live)
-
-
-def _scatter(
-    out: torch.Tensor,
-    slots: torch.Tensor,
-    positions: torch.Tensor,
-    chosen: torch.Tensor,
-    chosen_bits: torch.Tensor,
-    pair_ids: torch.Tensor,
-    pair_bits: torch.Tensor,
-    live: torch.Tensor | None,
-) -> None:
-    """Writes the chosen pair and the live pairs into the flat frame with one static scatter.
-
-    A pair that must stay untouched rewrites the chosen pair's own words with the chosen pair,
-    so no mask has to reach the host and no other word changes.
-    """
-    rows, pairs = pair_ids.shape
-    offsets = torch.arange(2, 2 + 2 * pairs, device=out.device).expand(rows, -1)
-    words = torch.stack([pair_ids, pair_bits], dim=2).flatten(1)
-    if live is not None:
-        alive = live.repeat_interleave(2, dim=1)
-        offsets = torch.where(alive, offsets, offsets % 2)
-        head = torch.stack([chosen.to(torch.int32), chosen_bits], dim=1).repeat(1, pairs)
-        words = torch.where(alive, words, head)
-    head_offsets = torch.arange(2, device=out.device).expand(rows, -1)
-    base = (slots * out.shape[1] + positions) * out.shape[2]
-    index = base[:, None] + torch.cat([head_offsets, offsets], dim=1)
-    payload = torch.cat([chosen.to(torch.int32)[:, None], chosen_bits[:, None], words], dim=1)
-    out.view(-1).scatter_(0, index.flatten(), payload.flatten())
+        write_positions(out, slots, positions, chosen, chosen_bits, pair_ids, pair_bits, live)

@@ -11,12 +11,12 @@ import triton.language as tl
 
 from adapters.gpu.logprobs_reference import LSE_TILE
 from adapters.gpu.logprobs_triton import (
-    _finite_or_zero,
-    _fp32_exp,
-    _fp32_log,
-    _gate,
-    _tile_stats_kernel,
+    gate_row,
     order_keys,
+    tile_stats_kernel,
+    tl_finite_or_zero,
+    tl_fp32_exp,
+    tl_fp32_log,
 )
 from adapters.gpu.logprobs_vocab_parallel import (
     EXCHANGE_WORDS,
@@ -41,7 +41,7 @@ _LOW_WORD = tl.constexpr(0xFFFFFFFF)
 def _pack_statistics_kernel(slots, requested, stats, send, tiles, stats_tiles, WORDS: tl.constexpr):
     # Exchange 1: the shard's (maximum, mass) pairs in tile order, every other word zero.
     row = tl.program_id(0)
-    if _gate(row, slots, requested, slots, False, False):
+    if gate_row(row, slots, requested, slots, False, False):
         index = tl.arange(0, WORDS)
         pairs = tl.load(
             stats + row.to(tl.int64) * stats_tiles * 2 + index, mask=index < 2 * tiles, other=0
@@ -57,21 +57,21 @@ def _combine_kernel(
     # tile_words[g] locates global tile g's pair in the gathered words, so this is the
     # single-rank normalization over the same tiles in the same order.
     row = tl.program_id(0)
-    if _gate(row, slots, requested, slots, False, False):
+    if gate_row(row, slots, requested, slots, False, False):
         base = gathered + row.to(tl.int64) * WORDS
         index = tl.arange(0, TILES_BLOCK)
         at = tl.load(tile_words + index, mask=index < tiles, other=0)
         peaks = tl.load(base + at, mask=index < tiles, other=float("-inf"))
-        shift = _finite_or_zero(tl.max(peaks, 0))
+        shift = tl_finite_or_zero(tl.max(peaks, 0))
         total = tl.zeros([1], dtype=tl.float32)
         one = tl.arange(0, 1)
         for tile in range(tiles):  # in global tile order, one rounding per tile
             word = tl.load(tile_words + tile + one)
             peak = tl.load(base + word)
             mass = tl.load(base + word + 1)
-            rescaled = mass * _fp32_exp(_finite_or_zero(peak) - shift)
+            rescaled = mass * tl_fp32_exp(tl_finite_or_zero(peak) - shift)
             total = total + tl.where(peak == float("-inf"), 0.0, rescaled)
-        tl.store(lse + row, tl.sum(shift + _fp32_log(total), 0))
+        tl.store(lse + row, tl.sum(shift + tl_fp32_log(total), 0))
 
 
 @triton.jit
@@ -81,7 +81,7 @@ def _shard_candidates_kernel(
 ):  # fmt: skip
     # The single-rank tile candidates, except that the keys carry global token IDs.
     row, tile = tl.program_id(0), tl.program_id(1)
-    if _gate(row, slots, requested, counts, HAS_IDS, True):
+    if gate_row(row, slots, requested, counts, HAS_IDS, True):
         lanes = tile * TILE + tl.arange(0, TILE)
         inside = lanes < width
         x = tl.load(logits + row.to(tl.int64) * row_stride + lanes, mask=inside, other=0.0)
@@ -114,7 +114,7 @@ def _pack_candidates_kernel(
     # Exchange 2. Every word of a live row is written exactly once (the store masks are
     # disjoint), so no word of exchange 1 or of an earlier call travels again.
     row = tl.program_id(0)
-    if _gate(row, slots, requested, counts, HAS_IDS, False):
+    if gate_row(row, slots, requested, counts, HAS_IDS, False):
         slot = tl.load(slots + row).to(tl.int64)
         logits_row = logits + row.to(tl.int64) * row_stride
         words = send + row.to(tl.int64) * WORDS
@@ -178,7 +178,7 @@ def _final_merge_kernel(
     WORDS: tl.constexpr, VALUE_WORD: tl.constexpr, CHOSEN_WORD: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
-    if _gate(row, slots, requested, counts, HAS_IDS, False):
+    if gate_row(row, slots, requested, counts, HAS_IDS, False):
         slot = tl.load(slots + row).to(tl.int64)
         position = tl.load(positions + row).to(tl.int64)
         target = out + (slot * out_tokens + position) * out_words
@@ -320,7 +320,7 @@ class TritonVocabParallelLogprobReducer(VocabParallelLogprobReducer):
         row_stride, width = logits_shard.stride(0), self.stop - self.start
         stats_tiles, peer_words = self._stats_tiles, space["received"].stride(0)
         send, received = space["send"], space["received"]
-        _tile_stats_kernel[(rows, stats_tiles)](
+        tile_stats_kernel[(rows, stats_tiles)](
             logits_shard, row_stride, slots, requested, space["stats"], width, stats_tiles,
             TILE=LSE_TILE, LOG2_TILE=_LOG2_TILE, **common,
         )  # fmt: skip

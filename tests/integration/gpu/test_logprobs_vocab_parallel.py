@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from adapters.gpu.logprobs_reference import LSE_TILE, ReferenceLogprobReducer
 from adapters.gpu.logprobs_vocab_parallel import (
@@ -22,6 +21,7 @@ from adapters.gpu.logprobs_vocab_parallel import (
     shard_range,
 )
 from domain.logprobs import FULL_POSITION_WORDS, MAX_SELECTED_IDS, NATURAL_TOP_K, bits_to_float
+from tests.support.gloo import spawn_worlds
 
 SENTINEL = 0x5A5A5A5A
 WORLD_SIZES = (2, 3)
@@ -323,15 +323,7 @@ def _worker(rank: int, world: int, directory: str) -> None:
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory) -> dict[tuple[int, int], dict]:
     """(world, rank) -> scenario name -> what that rank produced, from one spawn per world."""
-    found = {}
-    for world in WORLD_SIZES:
-        directory = tmp_path_factory.mktemp(f"world{world}")
-        mp.start_processes(
-            _worker, args=(world, str(directory)), nprocs=world, start_method="spawn"
-        )
-        for rank in range(world):
-            found[world, rank] = json.loads((directory / f"rank{rank}.json").read_text())
-    return found
+    return spawn_worlds(_worker, WORLD_SIZES, tmp_path_factory)
 
 
 def _produced(outcomes, name: str) -> list[tuple[int, int, torch.Tensor]]:

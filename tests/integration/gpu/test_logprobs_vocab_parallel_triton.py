@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from adapters.gpu.logprobs_reference import LSE_TILE
 from adapters.gpu.logprobs_vocab_parallel import EXCHANGE_WORDS, VocabParallelLogprobReducer
@@ -22,6 +21,7 @@ from tests.integration.gpu.test_logprobs_vocab_parallel import (
     _reference,
     _shard,
 )
+from tests.support.gloo import spawn_worlds
 
 WORLD_SIZES = (2, 3)
 # 130 tiles: 65 per shard on 2 ranks, so exchange 1's pairs reach past every word that
@@ -137,15 +137,7 @@ def _worker(rank: int, world: int, directory: str) -> None:
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory) -> dict[tuple[int, int], dict]:
     """(world, rank) -> scenario name -> each reducer's result, from one spawn per world."""
-    found = {}
-    for world in WORLD_SIZES:
-        directory = tmp_path_factory.mktemp(f"world{world}")
-        mp.start_processes(
-            _worker, args=(world, str(directory)), nprocs=world, start_method="spawn"
-        )
-        for rank in range(world):
-            found[world, rank] = json.loads((directory / f"rank{rank}.json").read_text())
-    return found
+    return spawn_worlds(_worker, WORLD_SIZES, tmp_path_factory)
 
 
 def _outputs(outcomes, name: str, which: str) -> list[tuple[int, int, torch.Tensor]]:

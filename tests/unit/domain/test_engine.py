@@ -237,3 +237,17 @@ def test_max_logprobs_caps_requests_below_the_cores_k():
 
     with pytest.raises(InvalidRequestError, match="max allowed: 3"):
         engine.submit(asks)
+
+
+def test_a_requesting_lane_without_logprob_payload_fails_that_request_only():
+    geometry = ExecutorGeometry(capacity=8, block_size=4, num_blocks=64, vocab_size=64,
+                                max_model_len=64, token_capacity=8, logprob_top_k=20,
+                                selects_logprob_ids=True)
+    engine = Engine(FakeExecutor(geometry), FakeTokenizer())  # the fake frames carry no payload
+    asks = GenerationRequest("asks", (1, 2), SamplingParams(max_tokens=3),
+                             logprobs=LogprobOptions(top_k=2))
+
+    outputs = run(engine, [asks, request("plain", 4, 3)])
+
+    assert "logprobs were requested" in outputs["asks"][-1].error
+    assert outputs["plain"][-1].error is None and len(tokens_of(outputs["plain"])) == 3
