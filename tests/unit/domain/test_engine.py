@@ -240,12 +240,20 @@ def test_max_logprobs_caps_requests_below_the_cores_k():
 
 
 def test_a_requesting_lane_without_logprob_payload_fails_that_request_only():
-    geometry = ExecutorGeometry(capacity=8, block_size=4, num_blocks=64, vocab_size=64,
-                                max_model_len=64, token_capacity=8, logprob_top_k=20,
-                                selects_logprob_ids=True)
+    geometry = ExecutorGeometry(
+        capacity=8,
+        block_size=4,
+        num_blocks=64,
+        vocab_size=64,
+        max_model_len=64,
+        token_capacity=8,
+        logprob_top_k=20,
+        selects_logprob_ids=True,
+    )
     engine = Engine(FakeExecutor(geometry), FakeTokenizer())  # the fake frames carry no payload
-    asks = GenerationRequest("asks", (1, 2), SamplingParams(max_tokens=3),
-                             logprobs=LogprobOptions(top_k=2))
+    asks = GenerationRequest(
+        "asks", (1, 2), SamplingParams(max_tokens=3), logprobs=LogprobOptions(top_k=2)
+    )
 
     outputs = run(engine, [asks, request("plain", 4, 3)])
 
