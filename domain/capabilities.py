@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from domain.logprobs import FULL_POSITION_WORDS, MAX_SELECTED_IDS, NATURAL_TOP_K
+from domain.prompt_scores import PROMPT_ROW_WORDS
 from domain.records import HEADER_WORDS
 
 COMPLETION_RECORDS = "completion_records"
@@ -13,9 +14,14 @@ COMPLETION_LOGPROBS = "completion_logprobs"
 LOGPROB_REQUESTED = "logprob_requested"
 LOGPROB_TOKEN_IDS = "logprob_token_ids"
 LOGPROB_TOKEN_ID_COUNTS = "logprob_token_id_counts"
-# Reserved for prompt scoring; this version neither declares nor validates them.
 PROMPT_LOGPROBS = "prompt_logprobs"
 PROMPT_TARGET_TOKENS = "prompt_target_tokens"
+PROMPT_BUFFERS = (PROMPT_LOGPROBS, PROMPT_TARGET_TOKENS)
+SCORED_PREFILL = "SCORED_PREFILL"
+PROMPT_TARGET_SOURCE = "PROMPT_TARGET_TOKEN"
+# The smallest scored graph, and the factor between neighbouring capacities below the limit.
+FIRST_SCORED_CAPACITY = 128
+SCORED_CAPACITY_GROWTH = 4
 
 LOGPROB_BUFFERS = (
     COMPLETION_LOGPROBS,
@@ -29,8 +35,9 @@ COMPLETION_FRAMES = 2
 DTYPES = frozenset({"int32", "int64", "float32", "bfloat16", "float16", "uint8", "bool"})
 OPERATIONS = frozenset({"PREFILL", "DECODE", "MIXED", "VERIFY", "SCORED_PREFILL"})
 # Graphs that commit generated tokens; in a logprob core each one binds the flag vector.
-# A graph of any other operation that writes completion_logprobs must bind it too.
-SAMPLING_OPERATIONS = frozenset({"DECODE", "MIXED", "VERIFY"})
+# A graph of any other operation that writes completion_logprobs must bind it too. A scored
+# prefill may sample the final chunk's next token, so it is held to the same rule.
+SAMPLING_OPERATIONS = frozenset({"DECODE", "MIXED", "VERIFY", SCORED_PREFILL})
 VALUE_SOURCES = frozenset(
     {
         "INPUT_TOKENS",
@@ -59,6 +66,31 @@ class CoreValidationError(ValueError):
 def describe_form(dtype: str, shape: Iterable[int | str]) -> str:
     """The `int32[2, 16, 8, 258]` spelling that validation messages use."""
     return f"{dtype}[{', '.join(str(extent) for extent in shape)}]"
+
+
+def scored_capacities(chunk_limit: int) -> tuple[int, ...]:
+    """Row capacities of the scored prefill graphs for a prefill chunk limit, ascending.
+
+    They start at 128 and grow fourfold while below the limit, which always ends the ladder:
+    512 -> (128, 512), 1000 -> (128, 512, 1000), 100 -> (100,).
+    """
+    if isinstance(chunk_limit, bool) or not isinstance(chunk_limit, int) or chunk_limit < 1:
+        raise ValueError(f"the prompt chunk limit must be a positive integer, got {chunk_limit!r}")
+    ladder = []
+    capacity = FIRST_SCORED_CAPACITY
+    while capacity < chunk_limit:
+        ladder.append(capacity)
+        capacity *= SCORED_CAPACITY_GROWTH
+    ladder.append(chunk_limit)
+    return tuple(ladder)
+
+
+def prompt_shapes(rows: int) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """The prompt-scoring buffers: name -> (dtype, shape) for C = `rows` scored rows."""
+    return {
+        PROMPT_LOGPROBS: ("int32", (COMPLETION_FRAMES, rows, PROMPT_ROW_WORDS)),
+        PROMPT_TARGET_TOKENS: ("int32", (rows,)),
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,22 +145,49 @@ class GraphDeclaration:
 class LogprobCapability:
     """What a core's logprob declarations allow.
 
-    `top_k` natural alternatives per position (0: the core reports no logprobs), and whether
-    requests may select token IDs instead (only full cores, which also have K=20).
+    `top_k` natural alternatives per position (0: the core reports no logprobs), whether
+    requests may select token IDs instead (only full cores, which also have K=20), and the
+    row capacities of its scored prefill graphs (empty: the core does not score prompts;
+    otherwise the ladder of its largest, C, and K must be 20).
     """
 
     top_k: int
     selects_ids: bool
+    scored_capacities: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.top_k <= NATURAL_TOP_K:
             raise ValueError(f"top_k must be within 0..{NATURAL_TOP_K}, got {self.top_k}")
         if self.selects_ids and self.top_k == 0:
             raise ValueError("a core that selects token IDs must also report logprobs")
+        capacities = tuple(self.scored_capacities)
+        object.__setattr__(self, "scored_capacities", capacities)
+        if not capacities:
+            return
+        if any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in capacities):
+            raise ValueError(f"scored capacities must be positive integers, got {capacities}")
+        ladder = scored_capacities(max(capacities))
+        if capacities != ladder:
+            raise ValueError(
+                f"scored capacities must be the ladder {ladder} of their largest, got {capacities}"
+            )
+        if self.top_k != NATURAL_TOP_K:
+            raise ValueError(
+                f"prompt scoring requires K={NATURAL_TOP_K} generation logprobs, got K={self.top_k}"
+            )
 
     @property
     def enabled(self) -> bool:
         return self.top_k > 0
+
+    @property
+    def scores_prompts(self) -> bool:
+        return bool(self.scored_capacities)
+
+    @property
+    def scored_rows(self) -> int:
+        """C, the largest scored capacity (the prompt chunk limit); 0 without scoring."""
+        return self.scored_capacities[-1] if self.scored_capacities else 0
 
     @property
     def position_words(self) -> int:
@@ -173,12 +232,33 @@ def logprob_capability(
     problems: list[str] = []
     declared = _index_buffers(buffers, problems)
     expected = contract_shapes(capacity, token_capacity)
+    before = len(problems)
     capability = _buffer_capability(declared, expected, problems)
-    for graph in _index_graphs(graphs, problems):
+    bundle_valid = len(problems) == before
+    rows = _scored_rows(declared, problems)
+    scoring = any(name in declared for name in PROMPT_BUFFERS)
+    # A malformed completion bundle is reported already; its stand-in K would only add noise.
+    if scoring and bundle_valid and capability.top_k != NATURAL_TOP_K:
+        problems.append(
+            f"{PROMPT_LOGPROBS}: prompt scoring requires K={NATURAL_TOP_K} generation logprob "
+            f"outputs ({COMPLETION_LOGPROBS} with last extent {2 + 2 * NATURAL_TOP_K}, or the "
+            f"full bundle), got {f'K={capability.top_k}' if capability.enabled else 'none'}"
+        )
+    graphs = _index_graphs(graphs, problems)
+    for graph in graphs:
         _check_graph(graph, declared, capability, problems)
+        _check_scoring_graph(graph, scoring, problems)
+    ladder = scored_capacities(rows) if rows else ()
+    if rows:
+        scored = sum(graph.operation == SCORED_PREFILL for graph in graphs)
+        if scored != len(ladder):
+            problems.append(
+                f"{PROMPT_LOGPROBS}: expected {len(ladder)} {SCORED_PREFILL} graphs for C={rows} "
+                f"(capacities {', '.join(map(str, ladder))}), got {scored}"
+            )
     if problems:
         raise CoreValidationError("; ".join(problems))
-    return capability
+    return replace(capability, scored_capacities=ladder)
 
 
 def _index_buffers(
@@ -246,6 +326,44 @@ def _buffer_capability(
     top_k = _natural_top_k(declared, expected[COMPLETION_LOGPROBS][1], problems, reason)
     # Problems are already recorded; any valid value keeps the graph checks meaningful.
     return LogprobCapability(top_k=top_k or 1, selects_ids=False)
+
+
+def _scored_rows(declared: Mapping[str, BufferDeclaration], problems: list[str]) -> int:
+    """C from the prompt-scoring buffers (0 when neither is declared), checking both forms.
+
+    C comes from whichever buffer is well formed, prompt_logprobs first; the other must then
+    have exactly the form for that C.
+    """
+    present = [name for name in PROMPT_BUFFERS if name in declared]
+    if not present:
+        return 0
+    rows = next(filter(None, (_rows_of(declared.get(name)) for name in PROMPT_BUFFERS)), 0)
+    if rows:
+        forms = prompt_shapes(rows)
+        for name in PROMPT_BUFFERS:
+            _check_form(declared, name, forms[name], problems, f"required with {present[0]}")
+        return rows
+    generic = {
+        PROMPT_LOGPROBS: describe_form("int32", (COMPLETION_FRAMES, "C", PROMPT_ROW_WORDS)),
+        PROMPT_TARGET_TOKENS: describe_form("int32", ("C",)),
+    }
+    for name in PROMPT_BUFFERS:
+        buffer = declared.get(name)
+        got = buffer.form if buffer is not None else f"missing (required with {present[0]})"
+        problems.append(f"{name}: expected {generic[name]} with C >= 1, got {got}")
+    return 0
+
+
+def _rows_of(buffer: BufferDeclaration | None) -> int:
+    """C if `buffer` has its prompt-scoring form for some C >= 1, else 0."""
+    if buffer is None or buffer.dtype != "int32":
+        return 0
+    if buffer.name == PROMPT_TARGET_TOKENS and len(buffer.shape) == 1:
+        return buffer.shape[0]
+    shape = buffer.shape
+    if len(shape) == 3 and shape[0] == COMPLETION_FRAMES and shape[2] == PROMPT_ROW_WORDS:
+        return shape[1]
+    return 0
 
 
 def _natural_top_k(
@@ -319,3 +437,45 @@ def _check_graph(
                 f"{label}: expected input binding {buffer_name} <- {binding[1]}, missing "
                 f"(graphs that sample or write {COMPLETION_LOGPROBS} bind it)"
             )
+
+
+def _check_scoring_graph(graph: GraphDeclaration, scoring: bool, problems: list[str]) -> None:
+    """Only scored prefills read prompt targets and write prompt logprobs, and each does both."""
+    label = f"graph {graph.name!r}"
+    target = (PROMPT_TARGET_TOKENS, PROMPT_TARGET_SOURCE)
+    binds_target = any(
+        input_name == PROMPT_TARGET_TOKENS or source == PROMPT_TARGET_SOURCE
+        for input_name, source in graph.inputs
+    )
+    if graph.operation != SCORED_PREFILL:
+        if binds_target:
+            problems.append(
+                f"{label}: binds {PROMPT_TARGET_TOKENS} <- {PROMPT_TARGET_SOURCE}, "
+                f"but only {SCORED_PREFILL} graphs read prompt targets"
+            )
+        if PROMPT_LOGPROBS in graph.outputs:
+            problems.append(
+                f"{label}: outputs {PROMPT_LOGPROBS}, but only {SCORED_PREFILL} graphs write it"
+            )
+        return
+    if not scoring:
+        problems.append(
+            f"{label}: a {SCORED_PREFILL} graph needs the {PROMPT_LOGPROBS} and "
+            f"{PROMPT_TARGET_TOKENS} buffers, which the core does not declare"
+        )
+    for input_name, source in graph.inputs:
+        if (input_name == PROMPT_TARGET_TOKENS) != (source == PROMPT_TARGET_SOURCE):
+            problems.append(
+                f"{label}: expected input binding {target[0]} <- {target[1]}, "
+                f"got {input_name} <- {source}"
+            )
+    if not binds_target:
+        problems.append(
+            f"{label}: expected input binding {target[0]} <- {target[1]}, missing "
+            f"({SCORED_PREFILL} graphs bind it)"
+        )
+    if PROMPT_LOGPROBS not in graph.outputs:
+        problems.append(
+            f"{label}: expected output {PROMPT_LOGPROBS}, missing "
+            f"({SCORED_PREFILL} graphs write it)"
+        )

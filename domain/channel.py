@@ -6,9 +6,9 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from domain.outputs import ChoiceDelta, RequestEnd
+from domain.outputs import ChoiceDelta, PromptScores, RequestEnd
 
-Item = ChoiceDelta | RequestEnd
+Item = ChoiceDelta | PromptScores | RequestEnd
 
 
 class OutputChannel:
@@ -31,7 +31,7 @@ class OutputChannel:
         with self._ready:
             if self._closed:
                 return
-            if isinstance(item, ChoiceDelta) and len(self._items) >= self._capacity - 1:
+            if not isinstance(item, RequestEnd) and len(self._items) >= self._capacity - 1:
                 self._merge(item)
             else:
                 self._items.append(item)
@@ -41,9 +41,16 @@ class OutputChannel:
         if self._on_ready is not None:
             self._on_ready()
 
-    def _merge(self, item: ChoiceDelta) -> None:
+    def _merge(self, item: ChoiceDelta | PromptScores) -> None:
+        """Into the newest queued item of the same kind (and choice), keeping the order of kinds:
+        prompt scores never merge past a queued delta, which they must precede."""
         for position in range(len(self._items) - 1, -1, -1):
             queued = self._items[position]
+            if isinstance(item, PromptScores):
+                if isinstance(queued, PromptScores) and position == len(self._items) - 1:
+                    self._items[position] = queued.merge(item)
+                    return
+                break
             if isinstance(queued, ChoiceDelta) and queued.index == item.index:
                 self._items[position] = queued.merge(item)
                 return

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from domain.logprobs import PositionLogprobs
+from domain.prompt_scores import PromptScore
 from domain.records import CompletionRecord
 
 
@@ -39,3 +42,33 @@ def record_positions(
             )
         entries.append(position)
     return tuple(entries)
+
+
+def new_prompt_scores(
+    prompt: Sequence[int],
+    scored_rows: int,
+    chunk_start: int,
+    rows: Sequence[PromptScore | None] | None,
+) -> tuple[PromptScore, ...]:
+    """The scores of a scored lane's chunk not yet published, in position order.
+
+    Row r of the prompt scores position r + 1; rows before `scored_rows` were published before
+    a preemption and are skipped, the row at the prompt end has no score. Every other row must
+    carry a score naming its prompt token.
+    """
+    if rows is None:
+        raise LogprobDataError("a scored lane's frame carries no prompt scores")
+    fresh = []
+    for offset, score in enumerate(rows):
+        row = chunk_start + offset
+        if row < scored_rows or row >= len(prompt) - 1:
+            continue
+        if row != scored_rows + len(fresh):
+            raise LogprobDataError(f"prompt row {row} arrives before row {scored_rows}")
+        if score is None or score.token_id != prompt[row + 1]:
+            named = "no score" if score is None else f"token {score.token_id}"
+            raise LogprobDataError(
+                f"prompt row {row} carries {named} where the prompt has token {prompt[row + 1]}"
+            )
+        fresh.append(score)
+    return tuple(fresh)

@@ -6,22 +6,22 @@ import itertools
 import logging
 import threading
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from domain.channel import OutputChannel
 from domain.choice import ChoiceText
-from domain.emission import LogprobDataError, record_positions
+from domain.emission import LogprobDataError, new_prompt_scores, record_positions
 from domain.errors import OverloadedError
 from domain.logprobs import PositionLogprobs
-from domain.outputs import RequestEnd, Usage
-from domain.records import CompletionRecord
+from domain.outputs import PromptScores, RequestEnd, Usage
+from domain.records import CompletionRecord, Finish
 from domain.requests import GenerationRequest, fresh_seed
 from domain.scheduler import Scheduler, SchedulerConfig
 from domain.sequence import Sequence
 
 if TYPE_CHECKING:  # the domain drives ports but never needs them at run time
-    from ports.executor import ModelExecutor
+    from ports.executor import FrameResult, ModelExecutor
     from ports.tokenizer import Tokenizer
 
 _log = logging.getLogger(__name__)
@@ -44,6 +44,9 @@ class _Request:
     channel: OutputChannel
     choices: list[ChoiceText]
     sequences: list[Sequence]
+    # Choices held back until choice 0 has scored the prompt, so every choice's first output
+    # comes after the whole prompt's scores.
+    deferred: list[Sequence] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -67,6 +70,7 @@ class Engine:
         self.vocab_size = geometry.vocab_size
         self.logprob_top_k = geometry.logprob_top_k
         self._selects_ids = geometry.selects_logprob_ids
+        self.scores_prompts = geometry.scores_prompts
         self._scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=min(self._config.max_num_seqs or geometry.capacity, geometry.capacity),
@@ -74,6 +78,7 @@ class Engine:
                 block_size=geometry.block_size,
                 num_blocks=geometry.num_blocks,
                 max_model_len=geometry.max_model_len,
+                scored_token_limit=geometry.scored_token_limit,
             )
         )
         self._requests: dict[str, _Request] = {}
@@ -91,6 +96,7 @@ class Engine:
         request.check_logprobs(
             self.logprob_top_k, self._selects_ids, self._config.max_logprobs, self.vocab_size
         )
+        request.check_scoring(self.scores_prompts, self._config.max_logprobs)
 
     def submit(
         self, request: GenerationRequest, channel: OutputChannel | None = None
@@ -136,7 +142,13 @@ class Engine:
             return
         for sequence, record, lane in self._scheduler.commit(result.records):
             entry = self._requests.get(sequence.request_id)
-            if entry is None or not record.emits:
+            if entry is None:
+                continue
+            if plan.scored and not self._publish_scores(entry, sequence, record, result, lane):
+                continue
+            if not record.emits:
+                if sequence.remaining < 1 and sequence.prefill_done:
+                    self._emit(entry, sequence, record)  # a prefill-only choice ends here
                 continue
             positions = None
             if sequence.logprobs is not None:
@@ -147,6 +159,41 @@ class Engine:
                     self._fail(entry, str(error))
                     continue
             self._emit(entry, sequence, record, positions)
+
+    def _publish_scores(
+        self,
+        entry: _Request,
+        sequence: Sequence,
+        record: CompletionRecord,
+        result: FrameResult,
+        lane: int,
+    ) -> bool:
+        """Puts the lane's new prompt scores on the channel; False when the request failed."""
+        rows = result.prompt_scores[lane] if lane < len(result.prompt_scores) else None
+        chunk_start = record.first_position - (len(rows) if rows is not None else 0)
+        try:
+            fresh = new_prompt_scores(sequence.prompt, sequence.scored_rows, chunk_start, rows)
+        except LogprobDataError as error:
+            self._fail(entry, str(error))
+            return False
+        if fresh:
+            entry.channel.put(PromptScores(sequence.scored_rows + 1, fresh))
+            sequence.scored_rows += len(fresh)
+        if not sequence.needs_scoring:
+            self._release_deferred(entry)
+        return True
+
+    def _release_deferred(self, entry: _Request) -> None:
+        """Starts the held-back choices; with nothing to generate they end at once."""
+        deferred, entry.deferred = entry.deferred, []
+        for sequence in deferred:
+            if sequence.remaining > 0:
+                self._scheduler.add(sequence)
+                continue
+            self._scheduler.finish(sequence)
+            entry.channel.put(entry.choices[sequence.index].advance((), Finish.LENGTH))
+        if deferred and entry.done:
+            self._close(entry)
 
     def _owner(self, slot: int) -> _Request | None:
         for entry in self._requests.values():
@@ -159,12 +206,13 @@ class Engine:
         entry: _Request,
         sequence: Sequence,
         record: CompletionRecord,
-        positions: tuple[PositionLogprobs | None, ...] | None,
+        positions: tuple[PositionLogprobs | None, ...] | None = None,
     ) -> None:
         choice = entry.choices[sequence.index]
         tokens = record.tokens
+        finish = record.finish if tokens else Finish.LENGTH
         try:
-            delta = choice.advance(tokens, record.finish, positions)
+            delta = choice.advance(tokens, finish, positions)
         except Exception as error:  # noqa: BLE001 - one broken request must not stop the engine
             _log.exception("emission failed")
             self._fail(entry, f"output processing failed: {error}")
@@ -202,6 +250,8 @@ class Engine:
         params = request.params
         limit = self.max_model_len - prompt_len
         max_tokens = limit if params.max_tokens is None else min(params.max_tokens, limit)
+        if request.prefill_only:
+            max_tokens = 0
         stops = frozenset(params.stop_token_ids)
         if not params.ignore_eos:
             stops |= self._tokenizer.eos_token_ids
@@ -218,11 +268,17 @@ class Engine:
                 banned_until_min_tokens=banned,
                 arrival=next(self._arrivals),
                 logprobs=request.logprobs,
+                # One choice scores the prompt; the scores belong to the request, not a choice.
+                score_prompt=request.score_prompt and index == 0,
             )
             for index in range(request.n)
         ]
         choices = [ChoiceText(index, params, self._tokenizer) for index in range(request.n)]
-        self._requests[request.request_id] = _Request(request, channel, choices, sequences)
+        entry = _Request(request, channel, choices, sequences)
+        self._requests[request.request_id] = entry
+        if sequences[0].needs_scoring:
+            entry.deferred = sequences[1:]
+            sequences = sequences[:1]
         for sequence in sequences:
             self._scheduler.add(sequence)
 
@@ -230,6 +286,7 @@ class Engine:
         entry = self._requests.get(request_id)
         if entry is None:
             return
+        entry.deferred = []
         for sequence, choice in zip(entry.sequences, entry.choices, strict=True):
             if not choice.finished:
                 self._scheduler.finish(sequence)
@@ -237,6 +294,7 @@ class Engine:
         self._close(entry)
 
     def _fail(self, entry: _Request, message: str) -> None:
+        entry.deferred = []
         for sequence, choice in zip(entry.sequences, entry.choices, strict=True):
             if not choice.finished:
                 self._scheduler.finish(sequence)

@@ -31,7 +31,8 @@ class StreamOptions:
 class GenerationJob:
     """A completion or chat request: prompts, sampling, choices per prompt and presentation flags.
 
-    `max_tokens == 0` is only valid with `echo` (prompt only, nothing generated).
+    `max_tokens == 0` is only valid with `echo` (prompt only, nothing generated). Echo with
+    `logprobs`, or `prompt_logprobs`, scores the prompt.
     """
 
     model: str | None
@@ -44,6 +45,8 @@ class GenerationJob:
     stream_options: StreamOptions | None = None
     logprobs: LogprobOptions | None = None
     return_tokens_as_token_ids: bool = False
+    # vLLM's `prompt_logprobs` extra: alternatives per prompt position, or None.
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.n <= MAX_CHOICES:
@@ -60,11 +63,21 @@ class GenerationJob:
             raise InvalidRequestError(
                 "Stream options can only be defined when `stream=True`.", param="stream_options"
             )
-        if self.echo and self.logprobs is not None:
+        if self.prompt_logprobs is not None:
+            if self.prompt_logprobs < 0:
+                raise InvalidRequestError(
+                    "`prompt_logprobs` must be a positive value or 0.", param="prompt_logprobs"
+                )
+            if self.stream:
+                raise InvalidRequestError(
+                    "`prompt_logprobs` are not available when `stream=True`.",
+                    param="prompt_logprobs",
+                )
+        if self.echoes_logprobs and self.logprobs.selects:
             raise InvalidRequestError(
-                "`echo` with `logprobs` needs prompt logprobs, which need prompt scoring; this "
-                "server does not run it",
-                param="echo",
+                "`logprob_token_ids` cannot be combined with `echo`: prompt positions report "
+                "natural alternatives only",
+                param="logprob_token_ids",
             )
         if self.max_tokens == 0 and not self.echo:
             raise InvalidRequestError(
@@ -74,6 +87,25 @@ class GenerationJob:
     @property
     def generates(self) -> bool:
         return self.max_tokens != 0
+
+    @property
+    def echoes_logprobs(self) -> bool:
+        """Echoed prompt tokens carry logprob entries (the first one null)."""
+        return self.echo and self.logprobs is not None
+
+    @property
+    def scores_prompt(self) -> bool:
+        return self.echoes_logprobs or self.prompt_logprobs is not None
+
+    @property
+    def prompt_top_k(self) -> int | None:
+        """Alternatives each prompt position is scored for; None when the prompt is not scored.
+
+        As in vLLM, echo with `logprobs` scores the prompt at the `logprobs` count unless
+        `prompt_logprobs` says otherwise."""
+        if self.prompt_logprobs is not None:
+            return self.prompt_logprobs
+        return self.logprobs.top_k if self.echoes_logprobs else None
 
     @property
     def include_usage(self) -> bool:

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from domain.detokenizer import IncrementalDetokenizer
 from domain.logprobs import LogprobOptions, TokenLogprob, wire_logprob
 from domain.outputs import LogprobEntry
+from domain.prompt_scores import PromptScore
+
+if TYPE_CHECKING:  # the domain drives ports but never needs them at run time
+    from ports.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -94,3 +100,88 @@ def chat_logprobs(
         item["top_logprobs"] = [_chat_token(a, rendering) for a in _alternatives(entry, options)]
         content.append(item)
     return {"content": content}
+
+
+def prompt_offsets(token_ids: Sequence[int], tokenizer: Tokenizer) -> list[int]:
+    """Character offset of each prompt token in the prompt decoded with special tokens kept
+    (the echo text of a token-ID prompt)."""
+    decoder = IncrementalDetokenizer(
+        tokenizer.token_bytes,
+        special_token_ids=tokenizer.special_token_ids,
+        skip_special_tokens=False,
+        strip_leading_space=tokenizer.strips_leading_space,
+    )
+    for token_id in token_ids:
+        decoder.push(token_id)
+    decoder.flush()
+    return list(decoder.offsets)
+
+
+def _check_scores(token_ids: Sequence[int], scores: Sequence[PromptScore]) -> None:
+    if len(scores) != len(token_ids) - 1:
+        raise ValueError(f"{len(scores)} prompt scores for a prompt of {len(token_ids)} tokens")
+
+
+def echo_logprobs(
+    token_ids: Sequence[int],
+    scores: Sequence[PromptScore],
+    top_k: int,
+    rendering: TokenRendering,
+    offsets: Sequence[int],
+) -> dict:
+    """The prompt part of an echoed completion's `logprobs`: position 0 has null logprobs, the
+    others the prompt token first and then up to `top_k` alternatives (k or k+1 keys)."""
+    _check_scores(token_ids, scores)
+    tokens = [rendering.text(token_id) for token_id in token_ids]
+    token_logprobs: list[float | None] = [None]
+    top_logprobs: list[dict | None] = [None]
+    for name, score in zip(tokens[1:], scores, strict=True):
+        value = wire_logprob(score.logprob)
+        top = {name: value}
+        for alternative in score.alternatives[:top_k]:
+            top.setdefault(rendering.text(alternative.token_id), wire_logprob(alternative.logprob))
+        token_logprobs.append(value)
+        top_logprobs.append(top)
+    return {
+        "text_offset": list(offsets),
+        "token_logprobs": token_logprobs,
+        "tokens": tokens,
+        "top_logprobs": top_logprobs,
+    }
+
+
+def join_completion_logprobs(first: dict, second: dict) -> dict:
+    """Two `logprobs` objects of consecutive tokens as one (prompt entries, then generated)."""
+    return {key: first[key] + second[key] for key in first}
+
+
+def vllm_prompt_logprobs(
+    token_ids: Sequence[int],
+    scores: Sequence[PromptScore],
+    top_k: int,
+    rendering: TokenRendering,
+) -> list[dict | None]:
+    """vLLM's `prompt_logprobs`: null for position 0, then per position a dict keyed by token ID
+    (as a string), the prompt token first, with logprob, rank and decoded_token; then up to
+    `top_k` alternatives, whose rank is one plus the number of strictly greater values."""
+    _check_scores(token_ids, scores)
+    entries: list[dict | None] = [None]
+    for token_id, score in zip(token_ids[1:], scores, strict=True):
+        entry = {str(token_id): _ranked(token_id, score.logprob, score.rank, rendering)}
+        values = [alternative.logprob for alternative in score.alternatives]
+        for index, alternative in enumerate(score.alternatives[:top_k]):
+            rank = 1 + sum(1 for value in values[:index] if value > values[index])
+            entry.setdefault(
+                str(alternative.token_id),
+                _ranked(alternative.token_id, alternative.logprob, rank, rendering),
+            )
+        entries.append(entry)
+    return entries
+
+
+def _ranked(token_id: int, logprob: float, rank: int, rendering: TokenRendering) -> dict:
+    return {
+        "logprob": wire_logprob(logprob),
+        "rank": rank,
+        "decoded_token": rendering.text(token_id),
+    }

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from domain.logprobs import PositionLogprobs
+from domain.prompt_scores import PromptScore
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,27 @@ class ChoiceDelta:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+@dataclass(frozen=True, slots=True)
+class PromptScores:
+    """Newly published prompt scores of a request: `scores[i]` is position `first_position + i`.
+
+    Position 0 has no score; the engine publishes positions in order, each exactly once, before
+    the generated tokens of the same step.
+    """
+
+    first_position: int
+    scores: tuple[PromptScore, ...]
+
+    def __post_init__(self) -> None:
+        if self.first_position < 1:
+            raise ValueError(f"prompt position {self.first_position} has no score")
+
+    def merge(self, later: PromptScores) -> PromptScores:
+        if later.first_position != self.first_position + len(self.scores):
+            raise ValueError("only consecutive prompt scores merge")
+        return PromptScores(self.first_position, self.scores + later.scores)
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,7 +58,11 @@ class ResponseHeader:
 
 
 def completion_choice(
-    choice: ChoiceResult, *, prefix: str = "", logprobs: dict | None = None
+    choice: ChoiceResult,
+    *,
+    prefix: str = "",
+    logprobs: dict | None = None,
+    prompt_logprobs: list | None = None,
 ) -> dict:
     return {
         "index": choice.index,
@@ -66,7 +70,7 @@ def completion_choice(
         "logprobs": logprobs,
         "finish_reason": choice.finish_reason,
         "stop_reason": choice.stop_reason,
-        "prompt_logprobs": None,
+        "prompt_logprobs": prompt_logprobs,
     }
 
 
@@ -129,7 +133,13 @@ def chat_choice(choice: ChoiceResult, logprobs: dict | None = None) -> dict:
     }
 
 
-def chat_response(header: ResponseHeader, choices: list[dict], usage: Usage) -> dict:
+def chat_response(
+    header: ResponseHeader,
+    choices: list[dict],
+    usage: Usage,
+    prompt_logprobs: list | None = None,
+) -> dict:
+    """vLLM puts a chat request's `prompt_logprobs` (its one templated prompt) at the top."""
     return {
         "id": header.id,
         "object": "chat.completion",
@@ -137,6 +147,7 @@ def chat_response(header: ResponseHeader, choices: list[dict], usage: Usage) -> 
         "model": header.model,
         "choices": choices,
         "usage": usage_object(usage),
+        "prompt_logprobs": prompt_logprobs,
     }
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from domain.errors import InvalidRequestError
 from domain.logprobs import MAX_SELECTED_IDS, LogprobOptions
+from domain.prompt_scores import PROMPT_ALTERNATIVES
 from domain.sampling import SamplingParams
 
 MAX_CHOICES = 16
@@ -23,8 +24,14 @@ class GenerationRequest:
     params: SamplingParams
     n: int = 1
     logprobs: LogprobOptions | None = None
+    # Prompt scoring: when set, a score for every prompt position after the first, shown with
+    # this many alternatives; with `prefill_only` nothing is generated (echo, max_tokens 0).
+    prompt_logprobs: int | None = None
+    prefill_only: bool = False
 
     def __post_init__(self) -> None:
+        if self.prefill_only and not self.score_prompt:
+            raise ValueError("a prefill-only request must score its prompt")
         if not self.prompt_token_ids:
             raise InvalidRequestError("the prompt must contain at least one token", param="prompt")
         if (
@@ -108,6 +115,28 @@ class GenerationRequest:
             raise InvalidRequestError(
                 f"logprob token ID {bad} is outside the vocabulary of {vocab_size}",
                 param="logprob_token_ids",
+            )
+
+    @property
+    def score_prompt(self) -> bool:
+        return self.prompt_logprobs is not None
+
+    def check_scoring(self, scores_prompts: bool, max_logprobs: int) -> None:
+        """Rejects prompt scoring on an executor prepared without it, or beyond the limits."""
+        if not self.score_prompt:
+            return
+        if not scores_prompts:
+            raise InvalidRequestError(
+                "prompt logprobs need prompt scoring; start the server with --prompt-logprobs "
+                "(or serve a core exported with it)",
+                param="prompt_logprobs",
+            )
+        limit = min(max_logprobs, PROMPT_ALTERNATIVES)
+        if not 0 <= self.prompt_logprobs <= limit:
+            raise InvalidRequestError(
+                f"Requested prompt logprobs of {self.prompt_logprobs}, which is greater than max "
+                f"allowed: {limit}",
+                param="prompt_logprobs",
             )
 
     def choice_seed(self, index: int, fallback: int) -> int:

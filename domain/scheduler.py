@@ -6,6 +6,8 @@ from collections import deque
 from dataclasses import dataclass
 
 from domain.blocks import BlockAllocator, blocks_needed
+from domain.logprobs import NO_TOKEN
+from domain.prompt_scores import prompt_targets
 from domain.records import CompletionRecord
 from domain.sequence import Sequence, SequenceState
 from domain.slots import SlotTable
@@ -21,6 +23,8 @@ class SchedulerConfig:
     block_size: int
     num_blocks: int
     max_model_len: int
+    # Rows one scored prefill may hold (the largest scored capacity); 0: no scoring.
+    scored_token_limit: int = 0
 
     def __post_init__(self) -> None:
         if (
@@ -34,6 +38,8 @@ class SchedulerConfig:
             < 1
         ):
             raise ValueError("scheduler limits must be positive")
+        if self.scored_token_limit < 0:
+            raise ValueError("scored_token_limit must be non-negative")
         if blocks_needed(self.max_model_len, self.block_size) > self.num_blocks:
             raise ValueError(
                 f"{self.num_blocks} KV blocks of {self.block_size} cannot hold one sequence of "
@@ -55,6 +61,7 @@ class Scheduler:
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
         self._by_slot: dict[int, Sequence] = {}
+        self._scored_turn = False
 
     @property
     def num_waiting(self) -> int:
@@ -80,29 +87,52 @@ class Scheduler:
         self._waiting.append(sequence)
 
     def schedule(self) -> StepPlan | None:
-        """Builds the next step, or None when nothing can run."""
+        """Builds the next step, or None when nothing can run.
+
+        Sequences with prompt rows left to score run only in scored steps, everything else in
+        ordinary ones; when both kinds have work the two alternate, so neither starves.
+        """
+        kinds = (True, False) if self._scored_turn else (False, True)
+        for scored in kinds:
+            if scored and not self._config.scored_token_limit:
+                continue
+            plan = self._plan(scored)
+            if plan is not None:
+                self._scored_turn = not scored
+                return plan
+        return None
+
+    def _plan(self, scored: bool) -> StepPlan | None:
         budget = self._config.max_num_batched_tokens
+        if scored:
+            budget = min(budget, self._config.scored_token_limit)
         works: list[SlotWork] = []
-        index = 0
-        while index < len(self._running) and budget > 0:
-            sequence = self._running[index]
+        # A snapshot: reserving may preempt later sequences, which then no longer run.
+        for sequence in [s for s in self._running if s.needs_scoring == scored]:
+            if budget <= 0:
+                break
+            if sequence.state is not SequenceState.RUNNING:
+                continue
             chunk = min(sequence.num_tokens - sequence.num_computed, budget)
+            if chunk < 1:
+                continue
             if not self._reserve(sequence, chunk):
                 break
-            works.append(self._work(sequence, chunk))
+            works.append(self._work(sequence, chunk, scored))
             budget -= chunk
-            index += 1
         while self._waiting and budget > 0 and self._slots.num_free:
             sequence = self._waiting[0]
+            if sequence.needs_scoring != scored:
+                break  # first come, first served: the head waits for a step of its kind
             chunk = min(sequence.num_tokens, budget)
             if blocks_needed(chunk, self._config.block_size) > self._blocks.num_free:
                 break
             self._waiting.popleft()
             self._admit(sequence)
             self._reserve(sequence, chunk)
-            works.append(self._work(sequence, chunk))
+            works.append(self._work(sequence, chunk, scored))
             budget -= chunk
-        return StepPlan(tuple(works)) if works else None
+        return StepPlan(tuple(works), scored=scored) if works else None
 
     def commit(
         self, records: tuple[CompletionRecord, ...]
@@ -121,11 +151,12 @@ class Scheduler:
         return advanced
 
     def finish(self, sequence: Sequence) -> None:
-        """Ends a sequence wherever it is and frees its slot and blocks at once."""
+        """Ends a sequence wherever it is (never queued included) and frees its slot and blocks
+        at once."""
         if sequence.state is SequenceState.RUNNING:
             self._running.remove(sequence)
             self._release(sequence)
-        elif sequence.state is SequenceState.WAITING:
+        elif sequence.state is SequenceState.WAITING and sequence in self._waiting:
             self._waiting.remove(sequence)
         sequence.state = SequenceState.FINISHED
 
@@ -166,10 +197,11 @@ class Scheduler:
             sequence.slot = None
         sequence.in_flight = 0
 
-    def _work(self, sequence: Sequence, chunk: int) -> SlotWork:
+    def _work(self, sequence: Sequence, chunk: int, scored: bool = False) -> SlotWork:
         start = sequence.num_computed
         end = start + chunk
-        sample = end == sequence.num_tokens
+        # A zero output budget (echo of a scored prompt) prefills without sampling.
+        sample = end == sequence.num_tokens and sequence.remaining > 0
         sequence.in_flight = chunk
         banned = sequence.banned_until_min_tokens
         if len(sequence.outputs) >= sequence.params.min_tokens:
@@ -188,4 +220,14 @@ class Scheduler:
             banned_token_ids=banned,
             remaining=max(sequence.remaining, 1),
             logprobs=sequence.logprobs if sample else None,
+            prompt_targets=_unscored_targets(sequence, start, chunk) if scored else (),
         )
+
+
+def _unscored_targets(sequence: Sequence, start: int, chunk: int) -> tuple[int, ...]:
+    """The chunk's prompt targets, with -1 for rows already published before a preemption."""
+    targets = prompt_targets(sequence.prompt, start, chunk)
+    return tuple(
+        target if start + row >= sequence.scored_rows else NO_TOKEN
+        for row, target in enumerate(targets)
+    )

@@ -41,6 +41,19 @@ class Sequence:
     in_flight: int = 0
     num_preemptions: int = 0
     logprobs: LogprobOptions | None = None
+    # Prompt scoring: whether this choice scores its prompt, and how many prompt rows (row r
+    # scores position r + 1) are published; preemption keeps the count, so nothing repeats.
+    score_prompt: bool = False
+    scored_rows: int = 0
+
+    @property
+    def needs_scoring(self) -> bool:
+        """Prompt rows remain unpublished; such a sequence runs only in scored steps."""
+        return self.score_prompt and self.scored_rows < len(self.prompt) - 1
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.num_computed >= self.num_tokens
 
     @property
     def num_tokens(self) -> int:

@@ -20,6 +20,8 @@ class ExecutorGeometry:
     token_capacity: int
     logprob_top_k: int = 0
     selects_logprob_ids: bool = False
+    # Row capacities of the prepared scored-prefill operation, ascending; empty: no scoring.
+    scored_capacities: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in (
@@ -32,6 +34,18 @@ class ExecutorGeometry:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
+        capacities = self.scored_capacities
+        if any(c < 1 for c in capacities) or list(capacities) != sorted(set(capacities)):
+            raise ValueError(f"scored capacities must ascend and be positive, got {capacities}")
+
+    @property
+    def scores_prompts(self) -> bool:
+        return bool(self.scored_capacities)
+
+    @property
+    def scored_token_limit(self) -> int:
+        """Rows one scored prefill holds at most (0 without scoring)."""
+        return self.scored_capacities[-1] if self.scored_capacities else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +72,16 @@ class SlotWork:
     banned_token_ids: tuple[int, ...] = ()
     remaining: int = 1
     logprobs: LogprobOptions | None = None
+    # Scored prefill only: per fed token, the prompt token its row scores, or -1 for no score.
+    prompt_targets: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.token_ids:
             raise ValueError("a lane must feed at least one token")
+        if self.prompt_targets and len(self.prompt_targets) != len(self.token_ids):
+            raise ValueError(
+                f"{len(self.prompt_targets)} prompt targets for {len(self.token_ids)} tokens"
+            )
         if self.start_position < 0:
             raise ValueError("start_position must be non-negative")
         if self.sample and self.remaining < 1:
@@ -74,14 +94,21 @@ class SlotWork:
 
 @dataclass(frozen=True, slots=True)
 class StepPlan:
-    """All lanes of one submission; each slot appears at most once."""
+    """All lanes of one submission; each slot appears at most once.
+
+    A scored plan selects the scored-prefill operation: every lane carries prompt targets and
+    ordinary lanes never share it (scored prompts never enter the prompt role of a mixed step).
+    """
 
     works: tuple[SlotWork, ...]
+    scored: bool = False
 
     def __post_init__(self) -> None:
         slots = [work.slot for work in self.works]
         if len(set(slots)) != len(slots):
             raise ValueError("a slot appears twice in one step")
+        if any(bool(work.prompt_targets) != self.scored for work in self.works):
+            raise ValueError("scored plans hold scored lanes only, and only they carry targets")
 
     @property
     def num_tokens(self) -> int:

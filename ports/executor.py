@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from domain.logprobs import PositionLogprobs
+from domain.prompt_scores import PromptScore
 from domain.records import CompletionRecord
 from domain.step import ExecutorGeometry, StepPlan
 
@@ -16,11 +17,14 @@ class FrameResult:
 
     `logprobs[i]` holds lane i's decoded positions (one per emitted token) when the lane
     requested logprobs, else None; an empty tuple means no lane of the frame requested any.
+    `prompt_scores[i]` holds a scored plan's lane i rows (one per fed token, None for a row
+    without a target); empty for ordinary plans.
     """
 
     frame: int
     records: tuple[CompletionRecord, ...]
     logprobs: tuple[tuple[PositionLogprobs, ...] | None, ...] = ()
+    prompt_scores: tuple[tuple[PromptScore | None, ...], ...] = ()
 
 
 class ModelExecutor(Protocol):
@@ -33,6 +37,8 @@ class ModelExecutor(Protocol):
     - `read(f)` returns that frame's records and, for requesting lanes only, their decoded
       logprob positions; the frame is free for reuse after it returns.
     - A seeded lane samples the same token whatever else is in the batch.
+    - A scored plan (only when the geometry declares scored capacities) also scores each lane's
+      rows against their prompt targets; it advances the cache exactly as prefill does.
     """
 
     @property

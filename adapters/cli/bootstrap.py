@@ -29,7 +29,10 @@ def load(
 ) -> LoadedModel:
     """Resolves the model (None means the embedded SmolLM2), loads it and builds the engine."""
     core = resolve_core(
-        model, max_num_seqs=runner.max_num_seqs, token_capacity=runner.token_capacity
+        model,
+        max_num_seqs=runner.max_num_seqs,
+        token_capacity=runner.token_capacity,
+        prompt_chunk_limit=engine_config.max_num_batched_tokens if runner.prompt_logprobs else 0,
     )
     model_dir = core.model_dir
     tokenizer = HfTokenizer.from_dir(model_dir)

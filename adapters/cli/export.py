@@ -7,7 +7,7 @@ import sys
 
 from adapters.core.export import export_core
 from adapters.core.manifest import LOGPROB_LEVELS
-from domain.capabilities import CoreValidationError
+from domain.capabilities import CoreValidationError, scored_capacities
 from domain.logprobs import NATURAL_TOP_K
 
 
@@ -46,11 +46,26 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         default=0,
         help="T, token words per completion record (0: the default, 8)",
     )
+    parser.add_argument(
+        "--prompt-logprobs",
+        action="store_true",
+        help="declare prompt scoring (prompt logprobs; needs K=20): scored prefill graphs and "
+        "their buffers, which cost device memory when served (default: off)",
+    )
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=512,
+        help="the prefill chunk limit: the largest scored capacity (with --prompt-logprobs)",
+    )
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if args.prompt_logprobs:
+            # A non-positive limit would silently mean "no scoring"; refuse it instead.
+            scored_capacities(args.max_num_batched_tokens)
         core = export_core(
             args.model,
             args.output,
@@ -58,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
             top_k=args.top_k,
             max_num_seqs=args.max_num_seqs,
             token_capacity=args.token_capacity,
+            prompt_chunk_limit=args.max_num_batched_tokens if args.prompt_logprobs else 0,
         )
     except (CoreValidationError, ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
@@ -68,8 +84,13 @@ def run(args: argparse.Namespace) -> int:
         if not capability.enabled
         else f"K={capability.top_k}" + (" and selected IDs" if capability.selects_ids else "")
     )
+    scoring = (
+        f"prompt scoring at capacities {', '.join(map(str, capability.scored_capacities))}"
+        if capability.scores_prompts
+        else "no prompt scoring"
+    )
     print(
         f"exported core to {args.output}: capacity {core.capacity}, "
-        f"T={core.token_capacity}, {logprobs}"
+        f"T={core.token_capacity}, {logprobs}, {scoring}"
     )
     return 0

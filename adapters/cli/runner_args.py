@@ -34,6 +34,13 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("auto", "reference", "triton"),
         help="logprob reduction: triton on CUDA, the torch reference elsewhere",
     )
+    parser.add_argument(
+        "--prompt-logprobs",
+        action="store_true",
+        help="serve prompt scoring (prompt_logprobs, echo with logprobs): scored prefill graphs "
+        "at capacities up to --max-num-batched-tokens; costs KV capacity and device memory. "
+        "An exported core must declare it (helios export --prompt-logprobs)",
+    )
 
 
 def runner_settings(args: argparse.Namespace) -> RunnerSettings:
@@ -45,6 +52,7 @@ def runner_settings(args: argparse.Namespace) -> RunnerSettings:
         kv_cache_bytes=args.kv_cache_memory,
         block_size=args.block_size,
         logprobs_backend=args.logprobs_backend,
+        prompt_logprobs=args.prompt_logprobs,
     )
 
 

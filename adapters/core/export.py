@@ -30,6 +30,7 @@ def export_core(
     top_k: int = NATURAL_TOP_K,
     max_num_seqs: int = 16,
     token_capacity: int = 0,
+    prompt_chunk_limit: int = 0,
     cache_dir: Path | None = None,
     progress: bool = True,
 ) -> LoadedCore:
@@ -39,6 +40,7 @@ def export_core(
     core, which is exported again with the new settings. The weights and tokenizer land in
     `output/model/` as hard links to the source files where the file system allows, else copies.
     `output` must not exist yet, or be an empty directory; it appears complete or not at all.
+    A positive `prompt_chunk_limit` (the prefill chunk limit) declares prompt scoring.
     """
     output = Path(output)
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
@@ -57,6 +59,7 @@ def export_core(
         top_k=top_k,
         capacity=padded_capacity(max_num_seqs),
         token_capacity=token_capacity,
+        prompt_chunk_limit=prompt_chunk_limit,
     )
     output.parent.mkdir(parents=True, exist_ok=True)
     # Built beside the target and renamed into place, so a failed export leaves no half core.
@@ -75,12 +78,13 @@ def export_core(
 
 
 def describe_plain_model(
-    model_dir: Path, *, max_num_seqs: int = 16, token_capacity: int = 0
+    model_dir: Path, *, max_num_seqs: int = 16, token_capacity: int = 0, prompt_chunk_limit: int = 0
 ) -> LoadedCore:
     """The full core a plain model directory serves as, built in memory; nothing is written.
 
     Every recipe exports the complete bundle, so a model served without `helios export` has
-    the full logprob contract (K=20 and selected IDs).
+    the full logprob contract (K=20 and selected IDs); it scores prompts when
+    `prompt_chunk_limit` is positive.
     """
     model_dir = Path(model_dir)
     config = ModelConfig.from_dir(model_dir)
@@ -90,6 +94,7 @@ def describe_plain_model(
         logprobs="full",
         capacity=padded_capacity(max_num_seqs),
         token_capacity=token_capacity,
+        prompt_chunk_limit=prompt_chunk_limit,
     )
     return core_from_manifest(model_dir, manifest)
 
@@ -99,14 +104,31 @@ def resolve_core(
     *,
     max_num_seqs: int = 16,
     token_capacity: int = 0,
+    prompt_chunk_limit: int = 0,
     cache_dir: Path | None = None,
     progress: bool = True,
 ) -> LoadedCore:
-    """What `helios serve MODEL` runs: an exported core as declared, anything else as full."""
+    """What `helios serve MODEL` runs: an exported core as declared, anything else as full.
+
+    A positive `prompt_chunk_limit` asks for prompt scoring: a plain model is described with
+    it, and a core that declares none is refused. A core that declares scoring serves it at the
+    capacities it declares, whatever the limit.
+    """
     if model is not None and is_core_dir(Path(model).expanduser()):
-        return load_core(Path(model).expanduser())
+        core = load_core(Path(model).expanduser())
+        if prompt_chunk_limit > 0 and not core.capability.scores_prompts:
+            raise ValueError(
+                f"core {model} declares no prompt scoring; export it again with "
+                f"--prompt-logprobs to serve prompt logprobs"
+            )
+        return core
     model_dir = resolve_model_dir(model, cache_dir=cache_dir, progress=progress)
-    return describe_plain_model(model_dir, max_num_seqs=max_num_seqs, token_capacity=token_capacity)
+    return describe_plain_model(
+        model_dir,
+        max_num_seqs=max_num_seqs,
+        token_capacity=token_capacity,
+        prompt_chunk_limit=prompt_chunk_limit,
+    )
 
 
 def _link_tree(source: Path, target: Path) -> None:

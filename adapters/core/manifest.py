@@ -19,12 +19,18 @@ from domain.capabilities import (
     LOGPROB_REQUESTED,
     LOGPROB_TOKEN_ID_COUNTS,
     LOGPROB_TOKEN_IDS,
+    PROMPT_LOGPROBS,
+    PROMPT_TARGET_SOURCE,
+    PROMPT_TARGET_TOKENS,
+    SCORED_PREFILL,
     BufferDeclaration,
     CoreValidationError,
     GraphDeclaration,
     LogprobCapability,
     contract_shapes,
     logprob_capability,
+    prompt_shapes,
+    scored_capacities,
 )
 from domain.logprobs import NATURAL_TOP_K
 from domain.records import resolve_token_capacity
@@ -66,12 +72,15 @@ def build_manifest(
     top_k: int = NATURAL_TOP_K,
     capacity: int,
     token_capacity: int,
+    prompt_chunk_limit: int = 0,
 ) -> core_pb2.CoreManifest:
     """The manifest of the buffers and graphs our executor provides at a logprob level.
 
     `logprobs` is "none" (records only), "natural" (K = `top_k` alternatives, no selected IDs)
     or "full" (the complete bundle; K must be 20). `token_capacity` is stored as given, so 0
-    keeps meaning "the default T".
+    keeps meaning "the default T". A positive `prompt_chunk_limit` adds prompt scoring: the two
+    prompt buffers for C = the limit and one scored prefill per capacity of its ladder, after
+    the ordinary declarations, which it leaves as they are.
     """
     if logprobs not in LOGPROB_LEVELS:
         raise ValueError(f"logprobs must be one of {', '.join(LOGPROB_LEVELS)}, not {logprobs!r}")
@@ -81,6 +90,14 @@ def build_manifest(
         raise ValueError(f"natural cores need 1 <= top_k <= {NATURAL_TOP_K}, got {top_k}")
     if capacity < 1:
         raise ValueError(f"capacity must be positive, got {capacity}")
+    if prompt_chunk_limit < 0:
+        raise ValueError(f"prompt_chunk_limit must be non-negative, got {prompt_chunk_limit}")
+    if prompt_chunk_limit and (logprobs == "none" or top_k != NATURAL_TOP_K):
+        raise ValueError(
+            f"prompt scoring requires K={NATURAL_TOP_K} generation logprob outputs "
+            f"(logprobs full, or natural with top_k {NATURAL_TOP_K}), not {logprobs!r} "
+            f"with top_k {top_k}"
+        )
     forms = contract_shapes(capacity, resolve_token_capacity(token_capacity))
     names = {"none": (), "natural": LOGPROB_BUFFERS[:2], "full": LOGPROB_BUFFERS}[logprobs]
     if logprobs == "natural":
@@ -103,7 +120,33 @@ def build_manifest(
         )
         for input_name, source in (*_ORDINARY_INPUTS, *_logprob_bindings(logprob_inputs)):
             graph.inputs.add(input=input_name, source=core_pb2.ValueSource.Value(source))
+    if prompt_chunk_limit:
+        _add_scoring(manifest, prompt_chunk_limit, logprob_inputs, [*outputs, PROMPT_LOGPROBS])
     return manifest
+
+
+def _add_scoring(
+    manifest: core_pb2.CoreManifest,
+    chunk_limit: int,
+    logprob_inputs: Sequence[str],
+    outputs: Sequence[str],
+) -> None:
+    """Appends the prompt buffers and one scored prefill per capacity of the ladder."""
+    for name, (dtype, shape) in prompt_shapes(chunk_limit).items():
+        manifest.buffers.add(name=name, dtype=core_pb2.DType.Value(dtype.upper()), shape=shape)
+    bindings = (
+        *_ORDINARY_INPUTS,
+        *_logprob_bindings(logprob_inputs),
+        (PROMPT_TARGET_TOKENS, PROMPT_TARGET_SOURCE),
+    )
+    for capacity in scored_capacities(chunk_limit):
+        graph = manifest.graphs.add(
+            name=f"scored_prefill_{capacity}",
+            operation=core_pb2.Operation.Value(SCORED_PREFILL),
+            outputs=outputs,
+        )
+        for input_name, source in bindings:
+            graph.inputs.add(input=input_name, source=core_pb2.ValueSource.Value(source))
 
 
 def _logprob_bindings(names: Sequence[str]) -> list[tuple[str, str]]:

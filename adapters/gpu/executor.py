@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from adapters.gpu.completion_outputs import CompletionOutputs
@@ -9,6 +11,7 @@ from adapters.gpu.forward_batch import ForwardBatch, SequenceChunk
 from adapters.gpu.kv_cache import PagedKVCache
 from adapters.gpu.model import DecoderModel
 from adapters.gpu.penalty_state import PenaltyState
+from adapters.gpu.prompt_score_frames import PromptScoreFrames
 from adapters.gpu.sampler import Sampler, SamplingTensors
 from domain.records import CompletionRecord, Finish, Role
 from domain.step import ExecutorGeometry, SlotWork, StepPlan
@@ -40,6 +43,12 @@ class TorchExecutor:
         self._penalties = PenaltyState(geometry.capacity, geometry.vocab_size, device)
         # Two frames so a reader can hold one while the next submission writes the other.
         self._outputs = CompletionOutputs(geometry, device, logprobs_backend)
+        # Scoring storage exists only when the geometry declares scored capacities.
+        self._scores = (
+            PromptScoreFrames(geometry.scored_capacities, geometry.vocab_size, device)
+            if geometry.scores_prompts
+            else None
+        )
         self._next_frame = 0
 
     @property
@@ -49,6 +58,8 @@ class TorchExecutor:
     def submit(self, plan: StepPlan) -> int:
         frame = self._next_frame
         self._next_frame ^= 1
+        if plan.scored and self._scores is None:
+            raise ValueError("a scored plan needs an executor prepared with scored capacities")
         for work in plan.works:
             if work.slot >= self._geometry.capacity:
                 raise ValueError(
@@ -60,13 +71,20 @@ class TorchExecutor:
         return frame
 
     def read(self, frame: int) -> FrameResult:
-        return self._outputs.read(frame)
+        result = self._outputs.read(frame)
+        if self._scores is None:
+            return result
+        return dataclasses.replace(result, prompt_scores=self._scores.read(frame))
 
     @torch.inference_mode()
     def _forward(self, frame: int, plan: StepPlan) -> list[int]:
         chunks = [SequenceChunk(w.token_ids, w.start_position, w.block_table) for w in plan.works]
         batch = ForwardBatch.build(chunks, self._geometry.block_size, self._device)
         hidden = self._model(batch, self._kv_cache)
+        if plan.scored:
+            targets = [target for work in plan.works for target in work.prompt_targets]
+            lanes = [len(work.token_ids) for work in plan.works]
+            self._scores.score(frame, hidden, targets, lanes, self._model.compute_logits)
         sampling = [index for index, work in enumerate(plan.works) if work.sample]
         if not sampling:
             return []

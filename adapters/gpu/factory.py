@@ -33,6 +33,8 @@ class RunnerSettings:
     block_size: int = 16
     token_capacity: int = 0
     logprobs_backend: str = "auto"
+    # Serve prompt scoring (plain model directories; an exported core declares its own).
+    prompt_logprobs: bool = False
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
@@ -87,9 +89,9 @@ def build_executor(
 ) -> TorchExecutor:
     """Loads the weights and sizes the KV pool; `vocab_size` is the tokenizer's real vocabulary.
 
-    A core fixes the logprob capability, the padded slot capacity and T; a plain model directory
-    serves the complete bundle (K = 20 natural alternatives plus selected IDs), as every export
-    does, with the capacity padded up from `--max-num-seqs`.
+    A core fixes the logprob capability (prompt scoring included), the padded slot capacity and
+    T; a plain model directory serves the complete bundle (K = 20 natural alternatives plus
+    selected IDs), as every export does, with the capacity padded up from `--max-num-seqs`.
     """
     device = settings.resolve_device()
     dtype = settings.resolve_dtype(device)
@@ -125,6 +127,7 @@ def build_executor(
         token_capacity=resolve_token_capacity(token_capacity or settings.token_capacity),
         logprob_top_k=capability.top_k,
         selects_logprob_ids=capability.selects_ids,
+        scored_capacities=capability.scored_capacities,
     )
     backend = settings.resolve_logprobs_backend(device)
     return TorchExecutor(model, kv_cache, geometry, device, logprobs_backend=backend)

@@ -16,7 +16,6 @@ from domain.prompt_scores import (
 )
 
 _LOW_WORD = 0xFFFFFFFF
-# Spare float-order candidates before sort keys settle the best twenty (see _top_keys).
 
 
 class PromptScorer:
@@ -48,26 +47,15 @@ class PromptScorer:
         outside the real vocabulary (-1 at the prompt end) gets ID -1, NaN bits, rank 0 and
         alternative IDs -1. Rows of `out` past C keep their contents.
         """
-        self._check(hidden, targets, out)
+        check_score_inputs(hidden, targets, out)
         for start in range(0, hidden.shape[0], PROJECTION_ROWS):
             stop = min(start + PROJECTION_ROWS, hidden.shape[0])
             values = self._reported_values(project(hidden[start:stop]), stop - start)
             out[start:stop].copy_(self._rows(values, targets[start:stop].to(torch.int64)))
 
-    def _check(self, hidden: torch.Tensor, targets: torch.Tensor, out: torch.Tensor) -> None:
-        if hidden.dim() != 2:
-            raise ValueError(f"hidden must be [rows, hidden], got {tuple(hidden.shape)}")
-        count = hidden.shape[0]
-        if targets.dtype != torch.int32 or tuple(targets.shape) != (count,):
-            raise ValueError(
-                f"targets must be int32 [{count}], got {targets.dtype} {tuple(targets.shape)}"
-            )
-        if out.dtype != torch.int32 or out.dim() != 2 or out.shape[1] != PROMPT_ROW_WORDS:
-            raise ValueError(
-                f"out must be int32 [rows, {PROMPT_ROW_WORDS}], got {out.dtype} {tuple(out.shape)}"
-            )
-        if out.shape[0] < count:
-            raise ValueError(f"out holds {out.shape[0]} rows, {count} are scored")
+    def reserve(self, device: torch.device) -> None:
+        """Allocates the pooled logit block now, at start-up, rather than on the first score."""
+        self._pooled(device)
 
     def _pooled(self, device: torch.device) -> torch.Tensor:
         if self._block is None or self._block.device != device:
@@ -96,14 +84,8 @@ class PromptScorer:
         # Equal reported values (including ties made by subtracting lse) never count as greater.
         rank = (values > actual).sum(dim=1).add_(1).to(torch.int32)
         pair_ids, pair_bits = self._alternatives(values)
-        invalid = ~valid
-        ids = torch.where(valid, targets, NO_TOKEN).to(torch.int32)
-        bits = actual.squeeze(1).view(torch.int32).masked_fill(invalid, INVALID_BITS)
-        rank = rank.masked_fill(invalid, 0)
-        pair_ids = pair_ids.masked_fill(invalid[:, None], NO_TOKEN)
-        pair_bits = pair_bits.masked_fill(invalid[:, None], 0)
-        pairs = torch.stack([pair_ids, pair_bits], dim=2).flatten(1)
-        return torch.cat([ids[:, None], bits[:, None], rank[:, None], pairs], dim=1)
+        bits = actual.squeeze(1).view(torch.int32)
+        return pack_prompt_rows(valid, targets, bits, rank, pair_ids, pair_bits)
 
     def _alternatives(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The best twenty (ID, bits) pairs by sort key, (-1, 0) past a smaller vocabulary."""
@@ -118,3 +100,42 @@ class PromptScorer:
             ids = torch.nn.functional.pad(ids, (0, missing), value=NO_TOKEN)
             bits = torch.nn.functional.pad(bits, (0, missing), value=0)
         return ids, bits
+
+
+def check_score_inputs(hidden: torch.Tensor, targets: torch.Tensor, out: torch.Tensor) -> None:
+    """`hidden` is [C, H], `targets` int32 [C] and `out` an int32 packed-row buffer of >= C rows."""
+    if hidden.dim() != 2:
+        raise ValueError(f"hidden must be [rows, hidden], got {tuple(hidden.shape)}")
+    count = hidden.shape[0]
+    if targets.dtype != torch.int32 or tuple(targets.shape) != (count,):
+        raise ValueError(
+            f"targets must be int32 [{count}], got {targets.dtype} {tuple(targets.shape)}"
+        )
+    if out.dtype != torch.int32 or out.dim() != 2 or out.shape[1] != PROMPT_ROW_WORDS:
+        raise ValueError(
+            f"out must be int32 [rows, {PROMPT_ROW_WORDS}], got {out.dtype} {tuple(out.shape)}"
+        )
+    if out.shape[0] < count:
+        raise ValueError(f"out holds {out.shape[0]} rows, {count} are scored")
+
+
+def pack_prompt_rows(
+    valid: torch.Tensor,
+    targets: torch.Tensor,
+    bits: torch.Tensor,
+    rank: torch.Tensor,
+    pair_ids: torch.Tensor,
+    pair_bits: torch.Tensor,
+) -> torch.Tensor:
+    """The int32 rows [n, PROMPT_ROW_WORDS]; rows not `valid` get the invalid row's words.
+
+    `bits` [n] and `rank` [n] are int32, `pair_ids` and `pair_bits` int32 [n, 20].
+    """
+    invalid = ~valid
+    ids = torch.where(valid, targets, NO_TOKEN).to(torch.int32)
+    bits = bits.masked_fill(invalid, INVALID_BITS)
+    rank = rank.masked_fill(invalid, 0)
+    pair_ids = pair_ids.masked_fill(invalid[:, None], NO_TOKEN)
+    pair_bits = pair_bits.masked_fill(invalid[:, None], 0)
+    pairs = torch.stack([pair_ids, pair_bits], dim=2).flatten(1)
+    return torch.cat([ids[:, None], bits[:, None], rank[:, None], pairs], dim=1)

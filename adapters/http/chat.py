@@ -14,7 +14,7 @@ from adapters.http.parsing import chat_job
 from adapters.http.serving import HttpSettings, ModelHolder
 from adapters.http.streaming import stream_chunks
 from domain.jobs import GenerationJob
-from domain.logprob_presentation import TokenRendering, chat_logprobs
+from domain.logprob_presentation import TokenRendering, chat_logprobs, vllm_prompt_logprobs
 from domain.outputs import ChoiceDelta, LogprobEntry, Usage
 from domain.presentation import ResponseHeader, chat_choice, chat_chunk, chat_response
 
@@ -33,9 +33,17 @@ class ChatCompletionsResource:
         if job.stream:
             resp.sse = _stream(header, job, group, rendering)
             return
-        choices, usage = await generation.collect(group, job)
-        body = [chat_choice(c, _logprobs(job, c.logprobs, rendering)) for c in choices]
-        resp.media = chat_response(header, body, usage)
+        collected = await generation.collect(group, job)
+        body = [chat_choice(c, _logprobs(job, c.logprobs, rendering)) for c in collected.choices]
+        prompt_logprobs = None
+        if job.prompt_logprobs is not None:
+            prompt_logprobs = vllm_prompt_logprobs(
+                job.prompts[0].token_ids,
+                collected.prompt_scores[0],
+                job.prompt_logprobs,
+                rendering,
+            )
+        resp.media = chat_response(header, body, collected.usage, prompt_logprobs)
 
 
 def _logprobs(

@@ -15,8 +15,15 @@ from adapters.http.serving import HttpSettings, ModelHolder
 from adapters.http.sse import done_event, json_event
 from adapters.http.streaming import stream_chunks
 from domain.jobs import GenerationJob
-from domain.logprob_presentation import TokenRendering, completion_logprobs
-from domain.outputs import ChoiceDelta, LogprobEntry, Usage
+from domain.logprob_presentation import (
+    TokenRendering,
+    completion_logprobs,
+    echo_logprobs,
+    join_completion_logprobs,
+    prompt_offsets,
+    vllm_prompt_logprobs,
+)
+from domain.outputs import ChoiceDelta, LogprobEntry, PromptScores, Usage
 from domain.presentation import (
     ChoiceResult,
     ResponseHeader,
@@ -25,7 +32,9 @@ from domain.presentation import (
     completion_response,
     usage_chunk,
 )
+from domain.prompt_scores import PromptScore
 from domain.requests import GenerationRequest
+from ports.tokenizer import Tokenizer
 
 
 class CompletionsResource:
@@ -37,7 +46,7 @@ class CompletionsResource:
         served = self._holder.served
         job = completion_job(await read_json(req, self._settings.max_body_bytes), served.tokenizer)
         header = generation.start(job, served, "cmpl")
-        if not job.generates:
+        if not job.generates and not job.scores_prompt:
             for index, prompt in enumerate(job.prompts):
                 served.engine.check(
                     GenerationRequest(f"{header.id}-{index}", prompt.token_ids, job.params)
@@ -49,26 +58,79 @@ class CompletionsResource:
                 resp.media = completion_response(header, result, generation.prompt_usage(job))
             return
         group = generation.request_group(job, served, header, self._settings.channel_capacity)
-        rendering = generation.rendering(job, served)
+        view = _LogprobView(job, generation.rendering(job, served), served.tokenizer)
         if job.stream:
-            resp.sse = _stream(header, job, group, rendering)
+            resp.sse = _stream(header, job, group, view)
             return
-        choices, usage = await generation.collect(group, job)
-        body = [
-            completion_choice(
-                c, prefix=_echo_prefix(job, c.index), logprobs=_logprobs(job, c.logprobs, rendering)
+        collected = await generation.collect(group, job)
+        body = []
+        for choice in collected.choices:
+            prompt = choice.index // job.n
+            scores = collected.prompt_scores[prompt]
+            body.append(
+                completion_choice(
+                    choice,
+                    prefix=_echo_prefix(job, choice.index),
+                    logprobs=view.choice(choice.index, choice.logprobs, scores),
+                    prompt_logprobs=view.prompt_logprobs(prompt, scores),
+                )
             )
-            for c in choices
-        ]
-        resp.media = completion_response(header, body, usage)
+        resp.media = completion_response(header, body, collected.usage)
 
 
-def _logprobs(
-    job: GenerationJob, entries: Sequence[LogprobEntry], rendering: TokenRendering
-) -> dict | None:
-    if job.logprobs is None:
-        return None
-    return completion_logprobs(entries, job.logprobs, rendering)
+class _LogprobView:
+    """A completion request's logprob objects: generated entries, echoed prompt entries and
+    vLLM's `prompt_logprobs`, with each prompt's part built once for all its choices."""
+
+    def __init__(self, job: GenerationJob, rendering: TokenRendering, tokenizer: Tokenizer) -> None:
+        self._job = job
+        self._rendering = rendering
+        self._tokenizer = tokenizer
+        self._echoed: dict[int, dict] = {}
+        self._listed: dict[int, list] = {}
+
+    def choice(
+        self,
+        index: int,
+        entries: Sequence[LogprobEntry],
+        scores: Sequence[PromptScore],
+        *,
+        with_prompt: bool = True,
+    ) -> dict | None:
+        """`choices[index].logprobs` (or a chunk's); with echo the prompt's entries lead (in a
+        stream, in the choice's first chunk only) and generated text offsets follow the echoed
+        prompt text."""
+        job = self._job
+        if job.logprobs is None:
+            return None
+        base = len(_echo_prefix(job, index))
+        generated = completion_logprobs(entries, job.logprobs, self._rendering, offset_base=base)
+        if not (job.echoes_logprobs and with_prompt):
+            return generated
+        return join_completion_logprobs(self._echo(index // job.n, scores), generated)
+
+    def _echo(self, prompt: int, scores: Sequence[PromptScore]) -> dict:
+        if prompt not in self._echoed:
+            token_ids = self._job.prompts[prompt].token_ids
+            self._echoed[prompt] = echo_logprobs(
+                token_ids,
+                scores,
+                self._job.logprobs.top_k,
+                self._rendering,
+                prompt_offsets(token_ids, self._tokenizer),
+            )
+        # Lists are fresh per choice: the JSON encoder and later joins never share them.
+        return {key: list(value) for key, value in self._echoed[prompt].items()}
+
+    def prompt_logprobs(self, prompt: int, scores: Sequence[PromptScore]) -> list | None:
+        job = self._job
+        if job.prompt_logprobs is None:
+            return None
+        if prompt not in self._listed:
+            self._listed[prompt] = vllm_prompt_logprobs(
+                job.prompts[prompt].token_ids, scores, job.prompt_logprobs, self._rendering
+            )
+        return self._listed[prompt]
 
 
 def _echo_prefix(job: GenerationJob, index: int) -> str:
@@ -94,14 +156,29 @@ async def _echo_only_events(
 
 
 def _stream(
-    header: ResponseHeader, job: GenerationJob, group: RequestGroup, rendering: TokenRendering
+    header: ResponseHeader, job: GenerationJob, group: RequestGroup, view: _LogprobView
 ) -> AsyncIterator[SSEvent]:
+    scores: dict[int, list[PromptScore]] = {}
+    started: set[int] = set()
+
+    def keep(prompt: int, published: PromptScores) -> None:
+        scores.setdefault(prompt, []).extend(published.scores)
+
     def build(index: int, delta: ChoiceDelta, text: str, usage: Usage | None) -> dict:
-        logprobs = _logprobs(job, delta.logprobs, rendering)
+        first = index not in started
+        started.add(index)
+        prompt_scores = scores.get(index // job.n, [])
+        logprobs = view.choice(index, delta.logprobs, prompt_scores, with_prompt=first)
         return completion_chunk(
             header, index, text, delta.finish_reason, delta.stop_reason, usage, logprobs
         )
 
     return stream_chunks(
-        header, job, group, build, chat=False, prefix=lambda index: _echo_prefix(job, index)
+        header,
+        job,
+        group,
+        build,
+        chat=False,
+        prefix=lambda index: _echo_prefix(job, index),
+        on_scores=keep,
     )

@@ -12,8 +12,9 @@ from adapters.http.serving import ServedModel
 from domain.errors import NotFoundError, RequestFailedError
 from domain.jobs import GenerationJob
 from domain.logprob_presentation import TokenRendering
-from domain.outputs import ChoiceDelta, RequestEnd, Usage
+from domain.outputs import ChoiceDelta, PromptScores, RequestEnd, Usage
 from domain.presentation import ChoiceResult, ResponseHeader
+from domain.prompt_scores import PromptScore
 from domain.requests import GenerationRequest
 
 
@@ -29,7 +30,13 @@ def request_group(
 ) -> RequestGroup:
     requests = [
         GenerationRequest(
-            f"{header.id}-{index}", prompt.token_ids, job.params, job.n, logprobs=job.logprobs
+            f"{header.id}-{index}",
+            prompt.token_ids,
+            job.params,
+            job.n,
+            logprobs=job.logprobs,
+            prompt_logprobs=job.prompt_top_k,
+            prefill_only=job.scores_prompt and not job.generates,
         )
         for index, prompt in enumerate(job.prompts)
     ]
@@ -44,6 +51,7 @@ class Event:
     choice: int
     delta: ChoiceDelta | None = None
     end: RequestEnd | None = None
+    scores: PromptScores | None = None
 
 
 async def events(group: RequestGroup, n: int) -> AsyncIterator[Event]:
@@ -53,21 +61,35 @@ async def events(group: RequestGroup, n: int) -> AsyncIterator[Event]:
             if item.error is not None:
                 raise RequestFailedError(item.error)
             yield Event(prompt, -1, end=item)
+        elif isinstance(item, PromptScores):
+            yield Event(prompt, -1, scores=item)
         else:
             yield Event(prompt, prompt * n + item.index, delta=item)
 
 
-async def collect(group: RequestGroup, job: GenerationJob) -> tuple[list[ChoiceResult], Usage]:
-    """Whole choices in index order and the summed usage of a non-streaming request."""
+@dataclass(frozen=True, slots=True)
+class Collected:
+    """A non-streaming request's whole choices in index order, summed usage, and per prompt
+    its published scores (positions 1.. in order; empty when the prompt was not scored)."""
+
+    choices: list[ChoiceResult]
+    usage: Usage
+    prompt_scores: list[list[PromptScore]]
+
+
+async def collect(group: RequestGroup, job: GenerationJob) -> Collected:
     choices = [ChoiceResult(index) for index in range(len(job.prompts) * job.n)]
+    scores: list[list[PromptScore]] = [[] for _ in job.prompts]
     prompt_tokens = completion_tokens = 0
     async for event in events(group, job.n):
         if event.end is not None:
             prompt_tokens += event.end.usage.prompt_tokens
             completion_tokens += event.end.usage.completion_tokens
+        elif event.scores is not None:
+            scores[event.prompt].extend(event.scores.scores)
         else:
             choices[event.choice].add(event.delta)
-    return choices, Usage(prompt_tokens, completion_tokens)
+    return Collected(choices, Usage(prompt_tokens, completion_tokens), scores)
 
 
 def rendering(job: GenerationJob, served: ServedModel) -> TokenRendering:

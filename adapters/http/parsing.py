@@ -91,11 +91,6 @@ def _job(
     echo: bool,
     logprobs: LogprobOptions | None,
 ) -> GenerationJob:
-    if body.get("prompt_logprobs") is not None:
-        raise InvalidRequestError(
-            "`prompt_logprobs` needs prompt scoring, which this server does not run",
-            param="prompt_logprobs",
-        )
     if max_tokens is not None and max_tokens < 0:
         raise InvalidRequestError("max_tokens must be non-negative", param="max_tokens")
     n = read_int(body, "n", 1)
@@ -129,6 +124,7 @@ def _job(
         stream_options=_stream_options(body),
         logprobs=logprobs,
         return_tokens_as_token_ids=read_bool(body, "return_tokens_as_token_ids", False),
+        prompt_logprobs=read_int(body, "prompt_logprobs", None),
     )
 
 

@@ -11,7 +11,7 @@ from adapters.http.generation import events
 from adapters.http.sse import done_event, error_event, json_event
 from domain.errors import DomainError
 from domain.jobs import GenerationJob
-from domain.outputs import ChoiceDelta, Usage
+from domain.outputs import ChoiceDelta, PromptScores, Usage
 from domain.presentation import ResponseHeader, usage_chunk
 
 # (choice index, delta, text to send, usage so far or None) -> the chunk's wire object
@@ -27,8 +27,12 @@ async def stream_chunks(
     chat: bool,
     opening: Iterable[dict] = (),
     prefix: Callable[[int], str] = lambda index: "",
+    on_scores: Callable[[int, PromptScores], None] = lambda prompt, scores: None,
 ) -> AsyncIterator[SSEvent]:
     """Deltas with nothing to say are skipped; `prefix(i)` starts choice i's first chunk.
+
+    Prompt scores go to `on_scores(prompt index, scores)`; they all arrive before any choice
+    of their prompt outputs anything.
 
     A failure after the stream started arrives as an error frame, then `[DONE]`.
     """
@@ -39,6 +43,9 @@ async def stream_chunks(
     completion_tokens = 0
     try:
         async for event in events(group, job.n):
+            if event.scores is not None:
+                on_scores(event.prompt, event.scores)
+                continue
             if event.end is not None:
                 continue
             delta = event.delta

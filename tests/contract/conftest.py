@@ -28,8 +28,12 @@ def served_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedMod
     config = ServeConfig(
         model=str(model_dir),
         served_model_name=SERVED_NAME,
+        # Prompt scoring on, so fuzzed prompt logprob requests reach the model.
         runner=RunnerSettings(
-            device="cpu", max_model_len=MAX_MODEL_LEN, kv_cache_bytes=KV_CACHE_BYTES
+            device="cpu",
+            max_model_len=MAX_MODEL_LEN,
+            kv_cache_bytes=KV_CACHE_BYTES,
+            prompt_logprobs=True,
         ),
     )
     served = load_served_model(config)

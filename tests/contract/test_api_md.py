@@ -118,7 +118,11 @@ def test_api_md_has_examples_for_every_endpoint():
 def app() -> Iterator[object]:
     config = ServeConfig(
         runner=RunnerSettings(
-            device="cpu", max_num_seqs=4, max_model_len=2048, kv_cache_bytes=96 << 20
+            device="cpu",
+            max_num_seqs=4,
+            max_model_len=2048,
+            kv_cache_bytes=96 << 20,
+            prompt_logprobs=True,
         )
     )
     served = load_served_model(config)

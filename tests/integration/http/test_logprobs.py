@@ -258,7 +258,7 @@ def test_a_terminating_stop_token_has_no_entry(client):
         ({"logprobs": 1, "logprob_token_ids": []}, "logprob_token_ids"),
         ({"logprob_token_ids": [3]}, "logprob_token_ids"),
         ({"prompt_logprobs": 1}, "prompt_logprobs"),
-        ({"logprobs": 1, "echo": True}, "echo"),
+        ({"logprobs": 1, "echo": True}, "prompt_logprobs"),
     ],
 )
 def test_bad_completion_logprob_requests_are_a_400(client, body, param):

@@ -1,0 +1,288 @@
+"""Scored prefill through the real engine and executor on a tiny model, against transformers."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from adapters.gpu.factory import RunnerSettings, build_executor
+from adapters.tokenizer.hf import HfTokenizer
+from domain.capabilities import LogprobCapability, scored_capacities
+from domain.engine import Engine, EngineConfig
+from domain.errors import InvalidRequestError
+from domain.logprobs import LogprobOptions
+from domain.outputs import ChoiceDelta, PromptScores, RequestEnd
+from domain.requests import GenerationRequest
+from domain.sampling import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+SEEDED = SamplingParams(max_tokens=6, temperature=0.9, seed=1234, ignore_eos=True)
+
+
+def make_engine(
+    model_dir: Path,
+    *,
+    budget: int,
+    scoring: bool = True,
+    kv_bytes: int = 8 << 20,
+    block_size: int = 4,
+    max_num_seqs: int = 8,
+    max_model_len: int = 256,
+):
+    tokenizer = HfTokenizer.from_dir(model_dir)
+    settings = RunnerSettings(
+        device="cpu",
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        kv_cache_bytes=kv_bytes,
+        block_size=block_size,
+    )
+    capability = LogprobCapability(
+        top_k=20, selects_ids=True, scored_capacities=scored_capacities(budget) if scoring else ()
+    )
+    executor = build_executor(model_dir, settings, tokenizer.vocab_size, capability=capability)
+    plans = []
+    submit = executor.submit
+
+    def spying_submit(plan):
+        plans.append(plan)
+        return submit(plan)
+
+    executor.submit = spying_submit
+    config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
+    return Engine(executor, tokenizer, config), plans
+
+
+def drain(engine: Engine, requests: list[GenerationRequest]) -> dict[str, list]:
+    channels = {r.request_id: engine.submit(r) for r in requests}
+    while engine.has_work():
+        engine.step()
+    found = {}
+    for request_id, channel in channels.items():
+        items = []
+        while (item := channel.get_nowait()) is not None:
+            items.append(item)
+        assert isinstance(items[-1], RequestEnd) and items[-1].error is None, items[-1]
+        found[request_id] = items
+    return found
+
+
+def scores_of(items: list) -> list[tuple[int, object]]:
+    """(position, score) for every published score, in publication order."""
+    published = []
+    for item in items:
+        if isinstance(item, PromptScores):
+            published += [(item.first_position + i, s) for i, s in enumerate(item.scores)]
+    return published
+
+
+def tokens_of(items: list, index: int = 0) -> list[int]:
+    return [
+        t for i in items if isinstance(i, ChoiceDelta) and i.index == index for t in i.token_ids
+    ]
+
+
+def random_prompt(length: int, seed: int, vocab: int) -> tuple[int, ...]:
+    generator = random.Random(seed)
+    return tuple(generator.randrange(vocab) for _ in range(length))
+
+
+@pytest.fixture(scope="module")
+def reference_model(tiny_model_dir: Path):
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    return model.eval()
+
+
+def reference_scores(model, prompt: tuple[int, ...]) -> torch.Tensor:
+    """float64 log_softmax of transformers' logits: row r scores position r + 1."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0]
+    return logits.double().log_softmax(dim=-1)
+
+
+def assert_scores_match(model, prompt: tuple[int, ...], published: list, vocab: int) -> None:
+    assert [position for position, _ in published] == list(range(1, len(prompt)))
+    expected = reference_scores(model, prompt)[:, :vocab]
+    for position, score in published:
+        row = expected[position - 1]
+        actual = prompt[position]
+        assert score.token_id == actual
+        assert score.logprob == pytest.approx(row[actual].item(), abs=1e-4)
+        assert score.rank == 1 + int((row > row[actual]).sum())
+        best = torch.argsort(row, descending=True, stable=True)[:20].tolist()
+        assert [a.token_id for a in score.alternatives] == best
+        for alternative in score.alternatives:
+            assert alternative.logprob == pytest.approx(row[alternative.token_id].item(), abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("budget", "lengths"),
+    [(32, (5, 70, 100)), (200, (60, 190))],
+    ids=["chunks-of-32", "capacities-128-and-200"],
+)
+def test_scores_equal_float64_log_softmax_across_chunks_and_capacities(
+    tiny_model_dir, reference_model, budget, lengths
+):
+    engine, plans = make_engine(tiny_model_dir, budget=budget)
+    prompts = {f"p{n}": random_prompt(n, n, engine.vocab_size) for n in lengths}
+    requests = [
+        GenerationRequest(name, prompt, GREEDY, prompt_logprobs=5)
+        for name, prompt in prompts.items()
+    ]
+    found = drain(engine, requests)
+    for name, prompt in prompts.items():
+        assert_scores_match(reference_model, prompt, scores_of(found[name]), engine.vocab_size)
+    scored = [plan for plan in plans if plan.scored]
+    assert scored and all(plan.num_tokens <= budget for plan in scored)
+    rows = {plan.num_tokens for plan in scored}
+    if budget == 200:
+        assert any(n <= 128 for n in rows) and any(n > 128 for n in rows)
+    else:
+        assert max(lengths) > budget  # the long prompts were scored over several chunks
+
+
+def test_scored_and_ordinary_requests_for_one_prompt_generate_identical_tokens(tiny_model_dir):
+    engine, plans = make_engine(tiny_model_dir, budget=32)
+    prompt = random_prompt(45, 7, engine.vocab_size)
+    requests = [
+        GenerationRequest("scored-greedy", prompt, GREEDY, prompt_logprobs=0),
+        GenerationRequest("plain-greedy", prompt, GREEDY),
+        GenerationRequest("scored-seeded", prompt, SEEDED, n=2, prompt_logprobs=1),
+        GenerationRequest("plain-seeded", prompt, SEEDED, n=2),
+    ]
+    found = drain(engine, requests)
+    assert tokens_of(found["scored-greedy"]) == tokens_of(found["plain-greedy"])
+    for index in (0, 1):
+        assert tokens_of(found["scored-seeded"], index) == tokens_of(found["plain-seeded"], index)
+        assert len(tokens_of(found["scored-seeded"], index)) == 6
+    assert any(plan.scored for plan in plans) and any(not plan.scored for plan in plans)
+
+
+def test_scored_plans_never_carry_ordinary_lanes(tiny_model_dir):
+    engine, plans = make_engine(tiny_model_dir, budget=32)
+    prompt = random_prompt(40, 3, engine.vocab_size)
+    drain(
+        engine,
+        [
+            GenerationRequest("plain", prompt, GREEDY),
+            GenerationRequest("scored", prompt, GREEDY, prompt_logprobs=2),
+        ],
+    )
+    for plan in plans:
+        assert all(bool(work.prompt_targets) == plan.scored for work in plan.works)
+        if plan.scored:
+            assert all(not work.sample or work.end_position == 40 for work in plan.works)
+
+
+def test_every_choice_outputs_only_after_the_whole_prompt_is_scored(tiny_model_dir):
+    engine, _ = make_engine(tiny_model_dir, budget=16)
+    prompt = random_prompt(50, 11, engine.vocab_size)
+    items = drain(engine, [GenerationRequest("r", prompt, SEEDED, n=3, prompt_logprobs=1)])["r"]
+    last_score = max(i for i, item in enumerate(items) if isinstance(item, PromptScores))
+    first_output = min(
+        i for i, item in enumerate(items) if isinstance(item, ChoiceDelta) and item.token_ids
+    )
+    assert last_score < first_output
+    assert len(scores_of(items)) == 49
+
+
+def test_readmission_after_preemption_finishes_the_scores_without_duplicates(
+    tiny_model_dir, reference_model
+):
+    # 40 blocks of 4 positions: two 100-token prompts cannot both stay resident.
+    engine, plans = make_engine(
+        tiny_model_dir, budget=24, kv_bytes=40 * 4 * 512, block_size=4, max_model_len=128
+    )
+    prompts = {name: random_prompt(100, seed, engine.vocab_size) for seed, name in enumerate("ab")}
+    requests = [
+        GenerationRequest(name, prompt, GREEDY, prompt_logprobs=3)
+        for name, prompt in prompts.items()
+    ]
+    channels = {r.request_id: engine.submit(r) for r in requests}
+    preempted = 0
+    while engine.has_work():
+        engine.step()
+        preempted = max(
+            [preempted]
+            + [s.num_preemptions for s in engine.scheduler._running]  # noqa: SLF001
+        )
+    found = {}
+    for name, channel in channels.items():
+        items = []
+        while (item := channel.get_nowait()) is not None:
+            items.append(item)
+        assert items[-1].error is None
+        found[name] = items
+    assert preempted > 0, "the pool was meant to force a preemption"
+    for name, prompt in prompts.items():
+        assert_scores_match(reference_model, prompt, scores_of(found[name]), engine.vocab_size)
+    alone, _ = make_engine(tiny_model_dir, budget=24)
+    for name, prompt in prompts.items():
+        solo = drain(alone, [GenerationRequest(name, prompt, GREEDY)])[name]
+        assert tokens_of(found[name]) == tokens_of(solo)
+
+
+def test_zero_output_budget_scores_the_prompt_and_generates_nothing(
+    tiny_model_dir, reference_model
+):
+    engine, plans = make_engine(tiny_model_dir, budget=32)
+    prompt = random_prompt(60, 5, engine.vocab_size)
+    request = GenerationRequest(
+        "echo", prompt, GREEDY, n=2, prompt_logprobs=1, prefill_only=True
+    )
+    items = drain(engine, [request])["echo"]
+    assert_scores_match(reference_model, prompt, scores_of(items), engine.vocab_size)
+    deltas = [item for item in items if isinstance(item, ChoiceDelta)]
+    assert sorted(d.index for d in deltas if d.finished) == [0, 1]
+    assert all(d.finish_reason == "length" and not d.token_ids for d in deltas if d.finished)
+    assert not any(work.sample for plan in plans for work in plan.works)
+    assert items[-1].usage.completion_tokens == 0
+
+
+def test_one_token_prompt_has_nothing_to_score_and_still_generates(tiny_model_dir):
+    engine, _ = make_engine(tiny_model_dir, budget=32)
+    items = drain(engine, [GenerationRequest("one", (7,), GREEDY, prompt_logprobs=0)])["one"]
+    assert scores_of(items) == []
+    assert len(tokens_of(items)) == 6
+
+
+def test_engine_without_scoring_rejects_prompt_logprob_requests(tiny_model_dir):
+    engine, _ = make_engine(tiny_model_dir, budget=32, scoring=False)
+    with pytest.raises(InvalidRequestError) as caught:
+        engine.submit(GenerationRequest("r", (1, 2, 3), GREEDY, prompt_logprobs=1))
+    assert caught.value.param == "prompt_logprobs"
+    with pytest.raises(InvalidRequestError):
+        engine_with, _ = make_engine(tiny_model_dir, budget=32)
+        engine_with.submit(GenerationRequest("r", (1, 2, 3), GREEDY, prompt_logprobs=21))
+
+
+def test_a_scored_request_reports_generation_logprobs_through_the_completion_contract(
+    tiny_model_dir,
+):
+    engine, _ = make_engine(tiny_model_dir, budget=32)
+    prompt = random_prompt(40, 9, engine.vocab_size)
+    options = LogprobOptions(top_k=3)
+    found = drain(
+        engine,
+        [
+            GenerationRequest("s", prompt, GREEDY, logprobs=options, prompt_logprobs=3),
+            GenerationRequest("o", prompt, GREEDY, logprobs=options),
+        ],
+    )
+
+    def entries(items):
+        return [e.position for i in items if isinstance(i, ChoiceDelta) for e in i.logprobs]
+
+    scored, ordinary = entries(found["s"]), entries(found["o"])
+    assert len(scored) == len(ordinary) == 6
+    for mine, theirs in zip(scored, ordinary, strict=True):
+        # Same tokens; values agree to rounding (the two ran in differently sized batches).
+        assert mine.chosen.token_id == theirs.chosen.token_id
+        assert mine.chosen.logprob == pytest.approx(theirs.chosen.logprob, abs=1e-5)
+        assert [a.token_id for a in mine.alternatives][:3] == [
+            a.token_id for a in theirs.alternatives
+        ][:3]
