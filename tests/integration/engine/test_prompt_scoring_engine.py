@@ -207,8 +207,7 @@ def test_readmission_after_preemption_finishes_the_scores_without_duplicates(
     while engine.has_work():
         engine.step()
         preempted = max(
-            [preempted]
-            + [s.num_preemptions for s in engine.scheduler._running]  # noqa: SLF001
+            [preempted] + [s.num_preemptions for s in engine.scheduler._running]  # noqa: SLF001
         )
     found = {}
     for name, channel in channels.items():
@@ -231,9 +230,7 @@ def test_zero_output_budget_scores_the_prompt_and_generates_nothing(
 ):
     engine, plans = make_engine(tiny_model_dir, budget=32)
     prompt = random_prompt(60, 5, engine.vocab_size)
-    request = GenerationRequest(
-        "echo", prompt, GREEDY, n=2, prompt_logprobs=1, prefill_only=True
-    )
+    request = GenerationRequest("echo", prompt, GREEDY, n=2, prompt_logprobs=1, prefill_only=True)
     items = drain(engine, [request])["echo"]
     assert_scores_match(reference_model, prompt, scores_of(items), engine.vocab_size)
     deltas = [item for item in items if isinstance(item, ChoiceDelta)]

@@ -118,9 +118,7 @@ def test_echo_with_logprobs_scores_every_prompt_token_then_the_generated_ones(
 
 def test_echo_with_max_tokens_zero_returns_the_prompt_entries_only(scoring, scoring_served):
     prompt = token_prompt(30, 2, scoring_served.tokenizer.vocab_size)
-    body = post(
-        scoring, "/v1/completions", prompt=prompt, echo=True, logprobs=0, max_tokens=0
-    )
+    body = post(scoring, "/v1/completions", prompt=prompt, echo=True, logprobs=0, max_tokens=0)
     choice = body["choices"][0]
     assert choice["finish_reason"] == "length"
     assert len(choice["logprobs"]["tokens"]) == 30
@@ -158,9 +156,7 @@ def test_string_prompts_in_a_batch_each_echo_their_own_entries_with_offsets_into
     assert first["token_logprobs"][:count] == second["token_logprobs"][:count]
 
 
-def test_prompt_logprobs_extra_has_vllm_shape_with_exact_ranks(
-    scoring, scoring_served, reference
-):
+def test_prompt_logprobs_extra_has_vllm_shape_with_exact_ranks(scoring, scoring_served, reference):
     vocab = scoring_served.tokenizer.vocab_size
     prompt = token_prompt(70, 3, vocab)
     body = post(
@@ -245,9 +241,7 @@ def test_streamed_echo_logprobs_concatenate_to_the_non_streamed_result(scoring):
         ),
     ],
 )
-def test_bad_prompt_logprob_requests_are_rejected_before_admission(
-    scoring, body, param, message
-):
+def test_bad_prompt_logprob_requests_are_rejected_before_admission(scoring, body, param, message):
     error = post(scoring, "/v1/completions", 400, prompt="Hello", **body)["error"]
     assert error["param"] == param and message in error["message"]
     assert error["type"] == "BadRequestError" and error["code"] == 400
