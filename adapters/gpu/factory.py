@@ -10,6 +10,7 @@ import torch
 from adapters.gpu.executor import TorchExecutor
 from adapters.gpu.kv_cache import PagedKVCache
 from adapters.gpu.model_config import ModelConfig
+from adapters.gpu.prompt_score_frames import PromptScoreFrames
 from adapters.gpu.weights import load_model
 from domain.blocks import blocks_needed
 from domain.capabilities import FULL_LOGPROBS, LogprobCapability
@@ -78,6 +79,13 @@ def _default_kv_bytes(device: torch.device) -> int:
     return 1 << 30
 
 
+def _scoring_bytes(capability: LogprobCapability, vocab_size: int, config: ModelConfig) -> int:
+    if not capability.scores_prompts:
+        return 0
+    vocab = min(vocab_size, config.vocab_size)
+    return PromptScoreFrames.fixed_bytes(capability.scored_capacities, vocab)
+
+
 def build_executor(
     model_dir: Path,
     settings: RunnerSettings,
@@ -109,7 +117,11 @@ def build_executor(
             f"max_model_len {max_model_len} exceeds the model's "
             f"{config.max_position_embeddings} positions"
         )
-    budget = settings.kv_cache_bytes or _default_kv_bytes(device)
+    budget = settings.kv_cache_bytes
+    if budget is None:
+        # The flag's fixed scoring storage comes out of the default pool, so its cost shows as
+        # KV capacity rather than as memory the budget did not plan for.
+        budget = _default_kv_bytes(device) - _scoring_bytes(capability, vocab_size, config)
     num_blocks = PagedKVCache.blocks_for_budget(config, budget, settings.block_size, dtype)
     if num_blocks < blocks_needed(max_model_len, settings.block_size):
         raise ValueError(

@@ -10,6 +10,7 @@ from adapters.gpu.prompt_scoring import PromptScorer
 from domain.logprobs import NO_TOKEN
 from domain.prompt_scores import (
     INVALID_BITS,
+    PROJECTION_ROWS,
     PROMPT_ALTERNATIVES,
     PROMPT_ROW_WORDS,
     PromptScore,
@@ -23,8 +24,17 @@ class PromptScoreFrames:
 
     A plan of n rows runs at the smallest capacity holding n; only that frame's first
     `capacity` rows are written (rows past n as invalid rows), and the frame is decoded per
-    lane on read.
+    lane on read. On CUDA the read copies into preallocated pinned host frames once the
+    event recorded after the producing submission has completed.
     """
+
+    @staticmethod
+    def fixed_bytes(capacities: tuple[int, ...], vocab_size: int) -> int:
+        """Device bytes the flag allocates up front: both frames, the targets and the pooled
+        [64, vocab] FP32 logit block."""
+        rows = capacities[-1]
+        frames = 2 * rows * PROMPT_ROW_WORDS * 4
+        return frames + rows * 4 + PROJECTION_ROWS * vocab_size * 4
 
     def __init__(self, capacities: tuple[int, ...], vocab_size: int, device: torch.device) -> None:
         if not capacities:
@@ -43,6 +53,9 @@ class PromptScoreFrames:
             device=device,
         )
         self._lanes: list[tuple[int, ...]] = [(), ()]
+        pinned = device.type == "cuda"
+        self._host = torch.empty((2, rows, PROMPT_ROW_WORDS), dtype=torch.int32, pin_memory=pinned)
+        self._produced = [torch.cuda.Event(), torch.cuda.Event()] if pinned else None
 
     def capacity_for(self, rows: int) -> int:
         for capacity in self.capacities:
@@ -69,13 +82,20 @@ class PromptScoreFrames:
         self._scorer.score(hidden, self.prompt_target_tokens[:rows], project, out)
         out[rows:capacity] = self._invalid_row
         self._lanes[frame] = tuple(lanes)
+        if self._produced is not None:
+            self._produced[frame].record()
 
     def read(self, frame: int) -> tuple[tuple[PromptScore | None, ...], ...]:
         """Each lane's decoded rows, in plan order; empty when the frame scored nothing."""
         lanes, self._lanes[frame] = self._lanes[frame], ()
         if not lanes:
             return ()
-        words = self.prompt_logprobs[frame, : sum(lanes)].cpu().tolist()
+        rows = sum(lanes)
+        if self._produced is not None:
+            self._produced[frame].synchronize()
+        host = self._host[frame, :rows]
+        host.copy_(self.prompt_logprobs[frame, :rows])
+        words = host.tolist()
         decoded = []
         start = 0
         for count in lanes:

@@ -101,3 +101,45 @@ def test_a_natural_core_refuses_more_than_k_and_any_selected_ids(natural):
     assert "max allowed: 5" in too_many.json["error"]["message"]
     assert selected.status_code == 400
     assert selected.json["error"]["param"] == "logprob_token_ids"
+
+
+@pytest.fixture(scope="module")
+def scoring_core(http_model_dir, tmp_path_factory):
+    core = tmp_path_factory.mktemp("cores") / "scoring"
+    export_core(str(http_model_dir), core, max_num_seqs=8, prompt_chunk_limit=64, progress=False)
+    yield from serve_core(core)
+
+
+@pytest.fixture(scope="module")
+def full_without_scoring(http_model_dir, tmp_path_factory):
+    core = tmp_path_factory.mktemp("cores") / "full"
+    export_core(str(http_model_dir), core, max_num_seqs=8, progress=False)
+    yield from serve_core(core)
+
+
+def test_a_core_exported_with_prompt_scoring_serves_echo_logprobs(scoring_core):
+    prompt = list(range(3, 100))  # longer than the core's chunk limit of 64 rows
+    result = scoring_core.simulate_post(
+        "/v1/completions",
+        json={"prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 1},
+    )
+
+    assert result.status_code == 200, result.text
+    logprobs = result.json["choices"][0]["logprobs"]
+    assert len(logprobs["tokens"]) == len(prompt) + 1
+    assert logprobs["token_logprobs"][0] is None
+    assert all(value <= 0 for value in logprobs["token_logprobs"][1:])
+
+
+def test_a_full_core_without_scoring_answers_prompt_logprob_requests_with_400(
+    full_without_scoring,
+):
+    result = full_without_scoring.simulate_post(
+        "/v1/completions", json={"prompt": "hi", "prompt_logprobs": 1}
+    )
+    plain = full_without_scoring.simulate_post(
+        "/v1/completions", json={"prompt": "hi", "logprobs": 2, "max_tokens": 2}
+    )
+
+    assert result.status_code == 400 and result.json["error"]["param"] == "prompt_logprobs"
+    assert plain.status_code == 200
