@@ -84,13 +84,7 @@ class GenerationRequest:
                 "(allow_logprobs is false)",
                 param="logprobs",
             )
-        limit = min(max_logprobs, top_k)
-        if not 0 <= options.top_k <= limit:
-            raise InvalidRequestError(
-                f"Requested sample logprobs of {options.top_k}, which is greater than max "
-                f"allowed: {limit}",
-                param="logprobs",
-            )
+        _check_count("sample", options.top_k, min(max_logprobs, top_k), "logprobs")
         ids = options.token_ids
         if not ids:
             return
@@ -132,17 +126,21 @@ class GenerationRequest:
                 param="prompt_logprobs",
             )
         limit = min(max_logprobs, PROMPT_ALTERNATIVES)
-        if not 0 <= self.prompt_logprobs <= limit:
-            raise InvalidRequestError(
-                f"Requested prompt logprobs of {self.prompt_logprobs}, which is greater than max "
-                f"allowed: {limit}",
-                param="prompt_logprobs",
-            )
+        _check_count("prompt", self.prompt_logprobs, limit, "prompt_logprobs")
 
     def choice_seed(self, index: int, fallback: int) -> int:
         """Seed of choice `index`: the request's seed for choice 0, mixed for the others."""
         base = fallback if self.params.seed is None else self.params.seed & _SEED_MASK
         return base if index == 0 else (base ^ (index * _SEED_MIX)) & _SEED_MASK
+
+
+def _check_count(kind: str, count: int, limit: int, param: str) -> None:
+    """vLLM's wording for an alternatives count outside 0..limit."""
+    if not 0 <= count <= limit:
+        raise InvalidRequestError(
+            f"Requested {kind} logprobs of {count}, which is greater than max allowed: {limit}",
+            param=param,
+        )
 
 
 def fresh_seed() -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 
@@ -58,6 +60,28 @@ def shard_range(vocab_size: int, world_size: int, rank: int) -> tuple[int, int]:
     return start, min((first_tile + tiles) * LSE_TILE, vocab_size)
 
 
+@dataclass(frozen=True, slots=True)
+class ShardLayout:
+    """Every rank's tile count and range stop, for a vocabulary split by `shard_range`."""
+
+    tiles: tuple[int, ...]
+    stops: tuple[int, ...]
+
+    @classmethod
+    def of(cls, vocab_size: int, world_size: int, max_tiles: int, exchange: str) -> ShardLayout:
+        """Refuses splits whose widest shard (rank 0's) has more than `max_tiles` tiles, the
+        most that `exchange` carries."""
+        ranges = [shard_range(vocab_size, world_size, peer) for peer in range(world_size)]
+        tiles = tuple(-(-(stop - start) // LSE_TILE) for start, stop in ranges)
+        if tiles[0] > max_tiles:
+            raise ValueError(
+                f"a vocabulary of {vocab_size} over {world_size} ranks puts {tiles[0]} tiles of "
+                f"{LSE_TILE} lanes on a shard; {exchange} carries at most {max_tiles} "
+                f"({max_tiles * LSE_TILE} lanes), so use more ranks"
+            )
+        return cls(tiles, tuple(stop for _, stop in ranges))
+
+
 class VocabParallelLogprobReducer:
     """The reference reduction for logits split by vocabulary across the ranks of `group`.
 
@@ -81,22 +105,14 @@ class VocabParallelLogprobReducer:
         if not 1 <= top_k <= NATURAL_TOP_K:
             raise ValueError(f"top_k must be in 1..{NATURAL_TOP_K}, got {top_k}")
         self.start, self.stop = shard_range(vocab_size, world_size, rank)
-        ranges = [shard_range(vocab_size, world_size, peer) for peer in range(world_size)]
-        # Rank 0 holds the most tiles, so it alone decides whether every shard's tiles fit.
-        widest = -(-(ranges[0][1] - ranges[0][0]) // LSE_TILE)
-        if widest > MAX_SHARD_TILES:
-            raise ValueError(
-                f"a vocabulary of {vocab_size} over {world_size} ranks puts {widest} tiles of "
-                f"{LSE_TILE} lanes on a shard; exchange 1 carries at most {MAX_SHARD_TILES} "
-                f"({MAX_SHARD_TILES * LSE_TILE} lanes), so use more ranks"
-            )
+        layout = ShardLayout.of(vocab_size, world_size, MAX_SHARD_TILES, "exchange 1")
         self.vocab_size = vocab_size
         self.top_k = top_k
         self.rank = rank
         self.world_size = world_size
         self.group = group
-        self._shard_tiles = [-(-(stop - start) // LSE_TILE) for start, stop in ranges]
-        self._stops = torch.tensor([stop for _, stop in ranges], dtype=torch.int64)
+        self._shard_tiles = layout.tiles
+        self._stops = torch.tensor(layout.stops, dtype=torch.int64)
 
     def reduce(
         self,

@@ -8,13 +8,12 @@ import torch
 import torch.distributed as dist
 
 from adapters.gpu.logprobs_reference import (
-    LSE_TILE,
     combine_tiles,
     order_keys,
     tile_statistics,
     top_sort_keys,
 )
-from adapters.gpu.logprobs_vocab_parallel import shard_range
+from adapters.gpu.logprobs_vocab_parallel import ShardLayout, shard_range
 from adapters.gpu.prompt_scoring import check_score_inputs, pack_prompt_rows
 from domain.logprobs import NO_TOKEN
 from domain.prompt_scores import INVALID_BITS, PROJECTION_ROWS, PROMPT_ALTERNATIVES
@@ -56,21 +55,15 @@ class VocabParallelPromptScorer:
         group: dist.ProcessGroup | None = None,
     ) -> None:
         self.start, self.stop = shard_range(vocab_size, world_size, rank)
-        ranges = [shard_range(vocab_size, world_size, peer) for peer in range(world_size)]
-        # Rank 0 holds the most tiles, so it alone decides whether every shard's tiles fit.
-        widest = -(-(ranges[0][1] - ranges[0][0]) // LSE_TILE)
-        if widest > MAX_SHARD_TILES:
-            raise ValueError(
-                f"a vocabulary of {vocab_size} over {world_size} ranks puts {widest} tiles of "
-                f"{LSE_TILE} lanes on a shard; prompt-scoring exchange 1 carries at most "
-                f"{MAX_SHARD_TILES} ({MAX_SHARD_TILES * LSE_TILE} lanes), so use more ranks"
-            )
+        layout = ShardLayout.of(
+            vocab_size, world_size, MAX_SHARD_TILES, "prompt-scoring exchange 1"
+        )
         self.vocab_size = vocab_size
         self.rank = rank
         self.world_size = world_size
         self.group = group
-        self._shard_tiles = [-(-(stop - start) // LSE_TILE) for start, stop in ranges]
-        self._stops = torch.tensor([stop for _, stop in ranges], dtype=torch.int64)
+        self._shard_tiles = layout.tiles
+        self._stops = torch.tensor(layout.stops, dtype=torch.int64)
         self._block: torch.Tensor | None = None
 
     def score(
