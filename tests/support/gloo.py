@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+import traceback
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
@@ -25,3 +31,47 @@ def spawn_worlds(
         for rank in range(world):
             found[world, rank] = json.loads((directory / f"rank{rank}.json").read_text())
     return found
+
+
+@contextmanager
+def gloo_rank(rank: int, world: int, directory: str, timeout_s: float = 60) -> Iterator[dict]:
+    """Joins this rank's gloo group and yields the results dict `spawn_worlds` will read.
+
+    The dict is written even when the body raises, so the parent sees what finished.
+    """
+    # Several ranks share two cores: more threads per rank only contend.
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{directory}/rendezvous",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    results: dict = {}
+    try:
+        yield results
+    finally:
+        Path(directory, f"rank{rank}.json").write_text(json.dumps(results))
+        dist.destroy_process_group()
+
+
+def record_each(results: dict, names: Iterable[str], compute: Callable[[str], object]) -> None:
+    """results[name] = compute(name); a scenario that raises is kept as {"error": traceback}.
+
+    One failing scenario must not stop the others, or every rank's later results would be lost.
+    """
+    for name in names:
+        try:
+            results[name] = compute(name)
+        except Exception:
+            results[name] = {"error": traceback.format_exc()}
+
+
+def refusal(call: Callable[[], object]) -> str | None:
+    """The text of the ValueError `call()` raised, or None when it accepted."""
+    try:
+        call()
+    except ValueError as error:
+        return str(error)
+    return None

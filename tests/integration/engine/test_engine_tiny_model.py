@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from adapters.gpu.factory import RunnerSettings, build_executor
 from adapters.tokenizer.hf import HfTokenizer
-from domain.engine import Engine, EngineConfig
+from domain.engine import Engine
 from domain.outputs import ChoiceDelta, RequestEnd
 from domain.requests import GenerationRequest
 from domain.sampling import SamplingParams
+from tests.support.engines import build_engine, drain
 
 PROMPTS = [
     "Hello there",
@@ -21,38 +21,6 @@ PROMPTS = [
 ]
 
 
-def make_engine(
-    model_dir: Path,
-    *,
-    kv_bytes: int = 8 << 20,
-    max_num_seqs: int = 8,
-    budget: int = 32,
-    block_size: int = 4,
-    max_model_len: int = 128,
-):
-    tokenizer = HfTokenizer.from_dir(model_dir)
-    settings = RunnerSettings(
-        device="cpu",
-        max_num_seqs=max_num_seqs,
-        max_model_len=max_model_len,
-        kv_cache_bytes=kv_bytes,
-        block_size=block_size,
-    )
-    executor = build_executor(model_dir, settings, tokenizer.vocab_size)
-    plans = []
-    submit = executor.submit
-
-    def spying_submit(plan):
-        plans.append(plan)
-        return submit(plan)
-
-    executor.submit = spying_submit
-    engine = Engine(
-        executor, tokenizer, EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
-    )
-    return engine, tokenizer, plans
-
-
 def requests_for(tokenizer: HfTokenizer, params: list[SamplingParams]) -> list[GenerationRequest]:
     return [
         GenerationRequest(f"r{i}", tuple(tokenizer.encode(prompt)), p)
@@ -61,21 +29,14 @@ def requests_for(tokenizer: HfTokenizer, params: list[SamplingParams]) -> list[G
 
 
 def run(engine: Engine, requests: list[GenerationRequest]) -> dict[str, list[int]]:
-    channels = {r.request_id: engine.submit(r) for r in requests}
-    while engine.has_work():
-        engine.step()
-    outputs = {}
-    for request_id, channel in channels.items():
-        items = []
-        while (item := channel.get_nowait()) is not None:
-            items.append(item)
-        assert isinstance(items[-1], RequestEnd) and items[-1].error is None
-        outputs[request_id] = [t for i in items if isinstance(i, ChoiceDelta) for t in i.token_ids]
-    return outputs
+    return {
+        request_id: [t for i in items if isinstance(i, ChoiceDelta) for t in i.token_ids]
+        for request_id, items in drain(engine, requests).items()
+    }
 
 
 def alone(model_dir: Path, requests: list[GenerationRequest]) -> dict[str, list[int]]:
-    engine, _, _ = make_engine(model_dir, max_num_seqs=1, budget=512)
+    engine, _, _ = build_engine(model_dir, max_num_seqs=1, budget=512)
     return {r.request_id: run(engine, [r])[r.request_id] for r in requests}
 
 
@@ -93,7 +54,7 @@ def varied_params(greedy: bool) -> list[SamplingParams]:
 
 
 def test_concurrent_greedy_requests_get_exactly_the_tokens_each_gets_alone(tiny_model_dir):
-    engine, tokenizer, plans = make_engine(tiny_model_dir)
+    engine, tokenizer, plans = build_engine(tiny_model_dir)
     requests = requests_for(tokenizer, varied_params(greedy=True))
 
     together = run(engine, requests)
@@ -104,7 +65,7 @@ def test_concurrent_greedy_requests_get_exactly_the_tokens_each_gets_alone(tiny_
 
 
 def test_concurrent_seeded_requests_sample_exactly_the_tokens_each_samples_alone(tiny_model_dir):
-    engine, tokenizer, _ = make_engine(tiny_model_dir)
+    engine, tokenizer, _ = build_engine(tiny_model_dir)
     requests = requests_for(tokenizer, varied_params(greedy=False))
 
     together = run(engine, requests)
@@ -114,9 +75,9 @@ def test_concurrent_seeded_requests_sample_exactly_the_tokens_each_samples_alone
 
 
 def test_preemption_under_a_tiny_kv_budget_changes_no_output(tiny_model_dir):
-    _, tokenizer, _ = make_engine(tiny_model_dir)
+    _, tokenizer, _ = build_engine(tiny_model_dir)
     block_bytes = _bytes_per_block(tiny_model_dir, block_size=4)
-    engine, _, plans = make_engine(
+    engine, _, plans = build_engine(
         tiny_model_dir, kv_bytes=block_bytes * 40, max_model_len=96, budget=64
     )
     requests = requests_for(
@@ -143,7 +104,7 @@ def test_preemption_under_a_tiny_kv_budget_changes_no_output(tiny_model_dir):
 
 
 def test_abort_frees_the_slot_and_blocks_at_once(tiny_model_dir):
-    engine, tokenizer, _ = make_engine(tiny_model_dir)
+    engine, tokenizer, _ = build_engine(tiny_model_dir)
     free_blocks = engine.scheduler.num_free_blocks
     params = SamplingParams(max_tokens=50, ignore_eos=True, seed=1)
     channel = engine.submit(GenerationRequest("long", tuple(tokenizer.encode(PROMPTS[1])), params))
@@ -173,7 +134,7 @@ def test_a_step_that_samples_nothing_uploads_no_logprob_flags(tiny_model_dir):
     from domain.logprobs import LogprobOptions
     from domain.step import SlotWork, StepPlan
 
-    engine, tokenizer, _ = make_engine(tiny_model_dir)
+    engine, tokenizer, _ = build_engine(tiny_model_dir)
     executor = engine._executor
     outputs = executor._outputs
     outputs.requested.fill_(7)  # a sentinel the upload would overwrite

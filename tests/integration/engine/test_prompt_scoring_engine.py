@@ -9,66 +9,29 @@ import pytest
 import torch
 import transformers
 
-from adapters.gpu.factory import RunnerSettings, build_executor
-from adapters.tokenizer.hf import HfTokenizer
 from domain.capabilities import LogprobCapability, scored_capacities
-from domain.engine import Engine, EngineConfig
 from domain.errors import InvalidRequestError
 from domain.logprobs import LogprobOptions
-from domain.outputs import ChoiceDelta, PromptScores, RequestEnd
+from domain.outputs import ChoiceDelta, PromptScores
 from domain.requests import GenerationRequest
 from domain.sampling import SamplingParams
+from tests.support.engines import build_engine, drain
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 SEEDED = SamplingParams(max_tokens=6, temperature=0.9, seed=1234, ignore_eos=True)
 
 
 def make_engine(
-    model_dir: Path,
-    *,
-    budget: int,
-    scoring: bool = True,
-    kv_bytes: int = 8 << 20,
-    block_size: int = 4,
-    max_num_seqs: int = 8,
-    max_model_len: int = 256,
+    model_dir: Path, *, budget: int, scoring: bool = True, max_model_len: int = 256, **sizes: int
 ):
-    tokenizer = HfTokenizer.from_dir(model_dir)
-    settings = RunnerSettings(
-        device="cpu",
-        max_num_seqs=max_num_seqs,
-        max_model_len=max_model_len,
-        kv_cache_bytes=kv_bytes,
-        block_size=block_size,
-    )
+    """(engine, plans) with scored capacities for `budget`, or none when not `scoring`."""
     capability = LogprobCapability(
         top_k=20, selects_ids=True, scored_capacities=scored_capacities(budget) if scoring else ()
     )
-    executor = build_executor(model_dir, settings, tokenizer.vocab_size, capability=capability)
-    plans = []
-    submit = executor.submit
-
-    def spying_submit(plan):
-        plans.append(plan)
-        return submit(plan)
-
-    executor.submit = spying_submit
-    config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
-    return Engine(executor, tokenizer, config), plans
-
-
-def drain(engine: Engine, requests: list[GenerationRequest]) -> dict[str, list]:
-    channels = {r.request_id: engine.submit(r) for r in requests}
-    while engine.has_work():
-        engine.step()
-    found = {}
-    for request_id, channel in channels.items():
-        items = []
-        while (item := channel.get_nowait()) is not None:
-            items.append(item)
-        assert isinstance(items[-1], RequestEnd) and items[-1].error is None, items[-1]
-        found[request_id] = items
-    return found
+    engine, _, plans = build_engine(
+        model_dir, budget=budget, max_model_len=max_model_len, capability=capability, **sizes
+    )
+    return engine, plans
 
 
 def scores_of(items: list) -> list[tuple[int, object]]:

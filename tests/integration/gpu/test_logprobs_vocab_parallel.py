@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import math
-import traceback
 from dataclasses import dataclass, field
-from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,7 +17,7 @@ from adapters.gpu.logprobs_vocab_parallel import (
     shard_range,
 )
 from domain.logprobs import FULL_POSITION_WORDS, MAX_SELECTED_IDS, NATURAL_TOP_K, bits_to_float
-from tests.support.gloo import spawn_worlds
+from tests.support.gloo import gloo_rank, record_each, refusal, spawn_worlds
 
 SENTINEL = 0x5A5A5A5A
 WORLD_SIZES = (2, 3)
@@ -284,40 +280,16 @@ def _misplaced_rank(world: int, rank: int) -> str | None:
     out, requested, counts, token_ids = scenario.frame()
     reducer = VocabParallelLogprobReducer(scenario.vocab, NATURAL_TOP_K, (rank + 1) % world, world)
     width = shard_range(scenario.vocab, world, 0)[1]
-    try:
-        reducer.reduce(
-            torch.zeros(len(scenario.rows), width),
-            *scenario.columns(),
-            requested,
-            counts,
-            token_ids,
-            out,
-        )
-    except ValueError as error:
-        return str(error)
-    return None
+    shard = torch.zeros(len(scenario.rows), width)
+    return refusal(
+        lambda: reducer.reduce(shard, *scenario.columns(), requested, counts, token_ids, out)
+    )
 
 
 def _worker(rank: int, world: int, directory: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{directory}/rendezvous",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=30),
-    )
-    results: dict = {}
-    try:
-        for name, build in SCENARIOS.items():
-            try:
-                results[name] = _run(build(), world, rank)
-            except Exception:
-                results[name] = {"error": traceback.format_exc()}
+    with gloo_rank(rank, world, directory, timeout_s=30) as results:
+        record_each(results, SCENARIOS, lambda name: _run(SCENARIOS[name](), world, rank))
         results["misplaced_rank"] = _misplaced_rank(world, rank)
-    finally:
-        Path(directory, f"rank{rank}.json").write_text(json.dumps(results))
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

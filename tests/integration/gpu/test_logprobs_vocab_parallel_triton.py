@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import traceback
-from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,7 +17,7 @@ from tests.integration.gpu.test_logprobs_vocab_parallel import (
     _reference,
     _shard,
 )
-from tests.support.gloo import spawn_worlds
+from tests.support.gloo import gloo_rank, record_each, spawn_worlds
 
 WORLD_SIZES = (2, 3)
 # 130 tiles: 65 per shard on 2 ranks, so exchange 1's pairs reach past every word that
@@ -104,34 +100,23 @@ def _worker(rank: int, world: int, directory: str) -> None:
     os.environ["TRITON_INTERPRET"] = "1"
     from adapters.gpu.logprobs_vocab_parallel_triton import TritonVocabParallelLogprobReducer
 
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{directory}/rendezvous",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=60),
-    )
-    results: dict = {}
     reducers = {"torch": VocabParallelLogprobReducer, "triton": TritonVocabParallelLogprobReducer}
-    try:
-        for name in NAMES:
-            try:
-                scenario = CASES[name]()
-                shape = (scenario.vocab, scenario.top_k)
-                results[name] = {
-                    kind: _run(scenario, world, rank, build(*shape, rank, world))
-                    for kind, build in reducers.items()
-                }
-            except Exception:
-                results[name] = {"error": traceback.format_exc()}
-        try:
-            results["repeated"] = _repeated(world, rank, TritonVocabParallelLogprobReducer)
-        except Exception:
-            results["repeated"] = {"error": traceback.format_exc()}
-    finally:
-        Path(directory, f"rank{rank}.json").write_text(json.dumps(results))
-        dist.destroy_process_group()
+
+    def both(name: str) -> dict:
+        scenario = CASES[name]()
+        shape = (scenario.vocab, scenario.top_k)
+        return {
+            kind: _run(scenario, world, rank, build(*shape, rank, world))
+            for kind, build in reducers.items()
+        }
+
+    with gloo_rank(rank, world, directory, timeout_s=60) as results:
+        record_each(results, NAMES, both)
+        record_each(
+            results,
+            ["repeated"],
+            lambda _: _repeated(world, rank, TritonVocabParallelLogprobReducer),
+        )
 
 
 @pytest.fixture(scope="module")

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import math
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import torch
@@ -29,7 +25,7 @@ from domain.prompt_scores import (
     PROMPT_ALTERNATIVES,
     PROMPT_ROW_WORDS,
 )
-from tests.support.gloo import spawn_worlds
+from tests.support.gloo import gloo_rank, record_each, refusal, spawn_worlds
 
 SENTINEL = 0x5A5A5A5A
 SPARE_ROWS = 2  # rows of `out` past the scored ones, which must keep the sentinel
@@ -217,39 +213,21 @@ def _refusal(world: int, rank: int, told_rank: int, narrow: bool) -> str | None:
     scorer = VocabParallelPromptScorer(VOCAB, told_rank, world)
     width = shard_range(VOCAB, world, told_rank)[1] - shard_range(VOCAB, world, told_rank)[0]
     columns = width - 1 if narrow else width
-    try:
-        scorer.score(
+    return refusal(
+        lambda: scorer.score(
             scenario.logits,
             scenario.target_tensor(),
             lambda rows: torch.zeros(rows.shape[0], columns),
             scenario.frame(),
         )
-    except ValueError as error:
-        return str(error)
-    return None
+    )
 
 
 def _worker(rank: int, world: int, directory: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{directory}/rendezvous",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=30),
-    )
-    results: dict = {}
-    try:
-        for name, build in SCENARIOS.items():
-            try:
-                results[name] = _run(build(), world, rank)
-            except Exception:
-                results[name] = {"error": traceback.format_exc()}
+    with gloo_rank(rank, world, directory, timeout_s=30) as results:
+        record_each(results, SCENARIOS, lambda name: _run(SCENARIOS[name](), world, rank))
         results["misplaced_rank"] = _refusal(world, rank, (rank + 1) % world, narrow=False)
         results["narrow_projection"] = _refusal(world, rank, rank, narrow=True)
-    finally:
-        Path(directory, f"rank{rank}.json").write_text(json.dumps(results))
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from falcon import testing
 
 from adapters.cli.asgi import load_served_model
@@ -24,8 +25,13 @@ def http_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model_dir(tmp_path_factory.mktemp("http-tiny"))
 
 
-def serve_tiny(model_dir: Path, **runner: object) -> ServedModel:
-    """The tiny model behind a started engine; the caller stops it."""
+def serve_tiny(
+    model_dir: Path, *, max_num_batched_tokens: int | None = None, **runner: object
+) -> ServedModel:
+    """The tiny model behind a started engine; the caller stops it.
+
+    `runner` overrides RunnerSettings fields; without a token budget ServeConfig's default holds.
+    """
     settings = dict(
         device="cpu",
         max_num_seqs=8,
@@ -34,8 +40,14 @@ def serve_tiny(model_dir: Path, **runner: object) -> ServedModel:
         block_size=8,
     )
     settings.update(runner)
+    budget = (
+        {} if max_num_batched_tokens is None else {"max_num_batched_tokens": max_num_batched_tokens}
+    )
     config = ServeConfig(
-        model=str(model_dir), served_model_name=MODEL_NAME, runner=RunnerSettings(**settings)
+        model=str(model_dir),
+        served_model_name=MODEL_NAME,
+        runner=RunnerSettings(**settings),
+        **budget,
     )
     return load_served_model(config)
 
@@ -45,6 +57,21 @@ def served(http_model_dir: Path) -> Iterator[ServedModel]:
     model = serve_tiny(http_model_dir)
     yield model
     model.stop()
+
+
+@pytest.fixture(scope="session")
+def reference(http_model_dir: Path) -> Callable[[list[int]], torch.Tensor]:
+    """Token IDs -> float64 log_softmax of transformers' FP32 logits; row i predicts token i + 1."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(http_model_dir, dtype=torch.float32).eval()
+
+    def log_softmax_rows(token_ids: list[int]) -> torch.Tensor:
+        with torch.inference_mode():
+            logits = model(torch.tensor([token_ids])).logits[0]
+        return torch.log_softmax(logits.double(), dim=-1)
+
+    return log_softmax_rows
 
 
 @pytest.fixture(scope="session")

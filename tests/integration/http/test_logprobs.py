@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 from falcon import testing
 
 from adapters.http.app import create_app
@@ -49,21 +48,6 @@ def chat(client, **body):
     )
     assert result.status_code == 200, result.text
     return result.json
-
-
-@pytest.fixture(scope="module")
-def reference(http_model_dir):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(http_model_dir, dtype=torch.float32).eval()
-
-    def log_softmax_rows(token_ids: list[int]) -> torch.Tensor:
-        """float64 log_softmax of transformers' FP32 logits; row i predicts token i + 1."""
-        with torch.inference_mode():
-            logits = model(torch.tensor([token_ids])).logits[0]
-        return torch.log_softmax(logits.double(), dim=-1)
-
-    return log_softmax_rows
 
 
 def test_completion_logprobs_equal_float64_log_softmax_of_transformers_logits(

@@ -8,12 +8,9 @@ import pytest
 import torch
 from falcon import testing
 
-from adapters.cli.asgi import load_served_model
-from adapters.cli.serve_config import ServeConfig
-from adapters.gpu.factory import RunnerSettings
 from adapters.http.app import create_app
 from adapters.http.serving import ModelHolder
-from tests.integration.http.conftest import MAX_MODEL_LEN, MODEL_NAME
+from tests.integration.http.conftest import serve_tiny
 from tests.support.asgi_stream import stream_post
 from tests.support.sse import json_frames
 
@@ -22,47 +19,14 @@ CHUNK = 48  # scored capacities (48,): long prompts are scored over several chun
 
 @pytest.fixture(scope="module")
 def scoring_served(http_model_dir):
-    config = ServeConfig(
-        model=str(http_model_dir),
-        served_model_name=MODEL_NAME,
-        max_num_batched_tokens=CHUNK,
-        runner=RunnerSettings(
-            device="cpu",
-            max_num_seqs=8,
-            max_model_len=MAX_MODEL_LEN,
-            kv_cache_bytes=16 << 20,
-            block_size=8,
-            prompt_logprobs=True,
-        ),
-    )
-    served = load_served_model(config)
+    served = serve_tiny(http_model_dir, prompt_logprobs=True, max_num_batched_tokens=CHUNK)
     yield served
     served.stop()
 
 
 @pytest.fixture(scope="module")
-def scoring_app(scoring_served):
-    return create_app(ModelHolder(served=scoring_served))
-
-
-@pytest.fixture(scope="module")
-def scoring(scoring_app) -> testing.TestClient:
-    return testing.TestClient(scoring_app)
-
-
-@pytest.fixture(scope="module")
-def reference(http_model_dir):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(http_model_dir, dtype=torch.float32).eval()
-
-    def log_softmax_rows(token_ids: list[int]) -> torch.Tensor:
-        """float64 log_softmax of transformers' FP32 logits; row i predicts token i + 1."""
-        with torch.inference_mode():
-            logits = model(torch.tensor([token_ids])).logits[0]
-        return torch.log_softmax(logits.double(), dim=-1)
-
-    return log_softmax_rows
+def scoring(scoring_served) -> testing.TestClient:
+    return testing.TestClient(create_app(ModelHolder(served=scoring_served)))
 
 
 def token_prompt(length: int, seed: int, vocab: int) -> list[int]:

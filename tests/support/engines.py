@@ -1,0 +1,66 @@
+"""A real engine over a model directory on the CPU, recording every plan its executor ran."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from adapters.gpu.factory import RunnerSettings, build_executor
+from adapters.tokenizer.hf import HfTokenizer
+from domain.capabilities import FULL_LOGPROBS, LogprobCapability
+from domain.engine import Engine, EngineConfig
+from domain.outputs import RequestEnd
+from domain.requests import GenerationRequest
+from domain.step import StepPlan
+
+
+def build_engine(
+    model_dir: Path,
+    *,
+    kv_bytes: int = 8 << 20,
+    max_num_seqs: int = 8,
+    budget: int = 32,
+    block_size: int = 4,
+    max_model_len: int = 128,
+    capability: LogprobCapability = FULL_LOGPROBS,
+) -> tuple[Engine, HfTokenizer, list[StepPlan]]:
+    """(engine, tokenizer, plans): `plans` grows by each plan the executor is given.
+
+    The defaults suit the tiny test models: chunked prefill within a 32-token budget.
+    """
+    tokenizer = HfTokenizer.from_dir(model_dir)
+    settings = RunnerSettings(
+        device="cpu",
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        kv_cache_bytes=kv_bytes,
+        block_size=block_size,
+    )
+    executor = build_executor(model_dir, settings, tokenizer.vocab_size, capability=capability)
+    plans: list[StepPlan] = []
+    submit = executor.submit
+
+    def spying_submit(plan):
+        plans.append(plan)
+        return submit(plan)
+
+    executor.submit = spying_submit
+    config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
+    return Engine(executor, tokenizer, config), tokenizer, plans
+
+
+def drain(engine: Engine, requests: list[GenerationRequest]) -> dict[str, list]:
+    """Submits every request, steps until idle, and returns each one's channel items.
+
+    Each request must have ended without an error.
+    """
+    channels = {r.request_id: engine.submit(r) for r in requests}
+    while engine.has_work():
+        engine.step()
+    found = {}
+    for request_id, channel in channels.items():
+        items = []
+        while (item := channel.get_nowait()) is not None:
+            items.append(item)
+        assert isinstance(items[-1], RequestEnd) and items[-1].error is None, items[-1]
+        found[request_id] = items
+    return found
