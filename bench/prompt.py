@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import threading
-import time
 from pathlib import Path
 
 import httpx2
@@ -26,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prompts import QUESTIONS  # noqa: E402
-from serve import REQUEST_TIMEOUT_S, own_server, served_model  # noqa: E402
+from serve import REQUEST_TIMEOUT_S, own_server, run_clients, served_model  # noqa: E402
 
 VARIANTS = {
     "ordinary": {},
@@ -52,32 +50,15 @@ def token_prompts(url: str, count: int, length: int) -> list[list[int]]:
 
 def run_variant(url: str, model: str, prompts: list[list[int]], clients: int, extra: dict) -> float:
     """Prompt tokens per second while `clients` threads send the prompts back to back."""
-    failures: list[BaseException] = []
-    start_together = threading.Barrier(clients + 1)
 
-    def client_loop(index: int) -> None:
-        with httpx2.Client(timeout=REQUEST_TIMEOUT_S) as client:
-            start_together.wait(timeout=60)
-            for prompt in prompts[index::clients]:
-                body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0}
-                try:
-                    response = client.post(f"{url}/v1/completions", json={**body, **extra})
-                    response.raise_for_status()
-                    check(response.json(), len(prompt), extra)
-                except Exception as error:  # noqa: BLE001 - reported once all threads end
-                    failures.append(error)
-                    return
+    def work(index: int, client: httpx2.Client) -> None:
+        for prompt in prompts[index::clients]:
+            body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+            response = client.post(f"{url}/v1/completions", json={**body, **extra})
+            response.raise_for_status()
+            check(response.json(), len(prompt), extra)
 
-    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(clients)]
-    for thread in threads:
-        thread.start()
-    start_together.wait(timeout=60)
-    started = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    wall_s = time.perf_counter() - started
-    if failures:
-        raise RuntimeError(f"{len(failures)} request(s) failed: {failures[0]}")
+    wall_s = run_clients(clients, work)
     return sum(len(prompt) for prompt in prompts) / wall_s
 
 

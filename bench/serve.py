@@ -20,7 +20,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,34 +192,22 @@ def stream_one(
     )
 
 
-def run_level(
-    url: str,
-    model: str,
-    clients: int,
-    requests_per_client: int,
-    max_tokens: int,
-    extra: dict | None = None,
-) -> LevelResult:
-    """`clients` threads start together; each streams its requests back to back."""
+def run_clients(clients: int, work: Callable[[int, httpx2.Client], None]) -> float:
+    """Runs `work(client index, client)` on `clients` threads that start together; returns the
+    wall seconds, or raises the first failure once every thread has finished."""
     start_together = threading.Barrier(clients + 1)
-    timings: list[RequestTiming] = []
     failures: list[BaseException] = []
     lock = threading.Lock()
 
     def client_loop(client_index: int) -> None:
         with httpx2.Client(timeout=REQUEST_TIMEOUT_S) as client:
             start_together.wait(timeout=60)
-            for request_index in range(requests_per_client):
-                question = QUESTIONS[(client_index + request_index * clients) % len(QUESTIONS)]
-                try:
-                    timing = stream_one(client, url, model, question, max_tokens, extra)
-                except Exception as error:
-                    # Kept, not raised: the level reports it once every thread has finished.
-                    with lock:
-                        failures.append(error)
-                    return
+            try:
+                work(client_index, client)
+            except Exception as error:
+                # Kept, not raised: the caller hears of it once every thread has finished.
                 with lock:
-                    timings.append(timing)
+                    failures.append(error)
 
     threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(clients)]
     for thread in threads:
@@ -230,7 +218,33 @@ def run_level(
         thread.join()
     wall_s = time.perf_counter() - started
     if failures:
-        raise RuntimeError(f"{len(failures)} request(s) failed at N={clients}: {failures[0]}")
+        raise RuntimeError(f"{len(failures)} client(s) failed: {failures[0]}")
+    return wall_s
+
+
+def run_level(
+    url: str,
+    model: str,
+    clients: int,
+    requests_per_client: int,
+    max_tokens: int,
+    extra: dict | None = None,
+) -> LevelResult:
+    """`clients` threads start together; each streams its requests back to back."""
+    timings: list[RequestTiming] = []
+    lock = threading.Lock()
+
+    def work(client_index: int, client: httpx2.Client) -> None:
+        for request_index in range(requests_per_client):
+            question = QUESTIONS[(client_index + request_index * clients) % len(QUESTIONS)]
+            timing = stream_one(client, url, model, question, max_tokens, extra)
+            with lock:
+                timings.append(timing)
+
+    try:
+        wall_s = run_clients(clients, work)
+    except RuntimeError as error:
+        raise RuntimeError(f"at N={clients}: {error}") from error
     return LevelResult(clients, timings, wall_s)
 
 

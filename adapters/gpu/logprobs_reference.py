@@ -57,6 +57,9 @@ LOG_COEFFICIENTS = (
 SQRT_HALF = 0.70710677
 
 
+_CPU_GROUP_LANES = 1 << 19
+
+
 def fp32_exp(x: torch.Tensor) -> torch.Tensor:
     """exp of FP32 `x` from FP32 adds and multiplies: 2^n * p(r) with r = x - n*ln2."""
     # In-place steps keep the exact operation order while sparing the CPU reference a temporary
@@ -108,6 +111,19 @@ def tile_statistics(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     is padded with -inf, which adds nothing. Each tile depends on its own lanes only, so a
     vocabulary shard starting on a tile boundary gets the same bits as the whole row.
     """
+    count, vocab = rows.shape
+    group = max(1, _CPU_GROUP_LANES // max(vocab, 1))
+    if rows.device.type != "cpu" or count <= group:
+        return _tile_statistics(rows)
+    # PERF: on the CPU the exp polynomial makes a dozen passes over its input; row groups of
+    # about 2 MiB stay in cache through all of them (3x faster for 64 rows of 49,152). Rows are
+    # independent, so the bits are the same.
+    parts = [_tile_statistics(rows[start : start + group]) for start in range(0, count, group)]
+    return torch.cat([peaks for peaks, _ in parts]), torch.cat([mass for _, mass in parts])
+
+
+def _tile_statistics(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`tile_statistics` over one group of rows."""
     count, vocab = rows.shape
     tiles = -(-vocab // LSE_TILE)
     missing = tiles * LSE_TILE - vocab

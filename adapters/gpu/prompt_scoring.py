@@ -72,9 +72,10 @@ class PromptScorer:
             raise ValueError(
                 f"project returned {tuple(logits.shape)}, expected [{rows}, >= {self.vocab_size}]"
             )
-        block = self._pooled(logits.device)[:rows]
-        block.copy_(logits[:, : self.vocab_size])
-        return block.sub_(combine_tiles(*tile_statistics(block))[:, None])
+        raw = logits[:, : self.vocab_size]
+        normalizer = combine_tiles(*tile_statistics(raw))
+        # One pass writes the reported values into the pooled block.
+        return torch.sub(raw, normalizer[:, None], out=self._pooled(logits.device)[:rows])
 
     def _rows(self, values: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The packed int32 rows [rows, PROMPT_ROW_WORDS] of one block's reported values."""

@@ -17,20 +17,9 @@ from domain.capabilities import (
     logprob_capability,
     scored_capacities,
 )
+from tests.unit.domain.test_capabilities import CAPACITY, COUNTS, FLAG, IDS, ORDINARY, T
 
-CAPACITY = 16
-T = 8
 C = 512
-ORDINARY = (
-    ("input_tokens", "INPUT_TOKENS"),
-    ("positions", "POSITIONS"),
-    ("block_tables", "BLOCK_TABLES"),
-    ("slot_mapping", "SLOT_MAPPING"),
-    ("sampling_parameters", "SAMPLING_PARAMETERS"),
-)
-FLAG = ("logprob_requested", "LOGPROB_REQUESTED")
-IDS = ("logprob_token_ids", "LOGPROB_TOKEN_IDS")
-COUNTS = ("logprob_token_id_counts", "LOGPROB_TOKEN_ID_COUNTS")
 TARGET = ("prompt_target_tokens", "PROMPT_TARGET_TOKEN")
 GENERATION_OUTPUTS = ("completion_records", "completion_logprobs")
 SCORED_OUTPUTS = (*GENERATION_OUTPUTS, "prompt_logprobs")
