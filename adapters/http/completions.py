@@ -111,13 +111,13 @@ class _LogprobView:
 
     def _echo(self, prompt: int, scores: Sequence[PromptScore]) -> dict:
         if prompt not in self._echoed:
-            token_ids = self._job.prompts[prompt].token_ids
+            token_ids, text = self._job.prompts[prompt].token_ids, self._job.prompts[prompt].text
             self._echoed[prompt] = echo_logprobs(
                 token_ids,
                 scores,
                 self._job.logprobs.top_k,
                 self._rendering,
-                prompt_offsets(token_ids, self._tokenizer),
+                prompt_offsets(token_ids, self._tokenizer, text),
             )
         # Lists are fresh per choice: the JSON encoder and later joins never share them.
         return {key: list(value) for key, value in self._echoed[prompt].items()}

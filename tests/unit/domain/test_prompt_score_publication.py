@@ -6,7 +6,12 @@ import pytest
 
 from domain.channel import OutputChannel
 from domain.emission import LogprobDataError, new_prompt_scores
-from domain.logprob_presentation import TokenRendering, echo_logprobs, vllm_prompt_logprobs
+from domain.logprob_presentation import (
+    TokenRendering,
+    echo_logprobs,
+    prompt_offsets,
+    vllm_prompt_logprobs,
+)
 from domain.logprobs import TokenLogprob
 from domain.outputs import ChoiceDelta, PromptScores
 from domain.prompt_scores import PromptScore
@@ -101,3 +106,20 @@ def test_echo_logprobs_lead_with_a_null_position_and_cap_alternatives_at_k():
 def test_a_score_count_that_does_not_fit_the_prompt_is_refused():
     with pytest.raises(ValueError):
         echo_logprobs((5, 6, 7), [score(6)], 1, rendering(), [0, 2, 4])
+
+
+class _Tokenizer:
+    """Token 0 is a special BOS with text "<s>"; the others are letters."""
+
+    special_token_ids = frozenset({0})
+    strips_leading_space = False
+
+    @staticmethod
+    def token_bytes(token_id: int) -> bytes:
+        return b"<s>" if token_id == 0 else bytes([ord("a") + token_id])
+
+
+def test_prompt_offsets_index_into_the_echoed_text_with_or_without_a_bos():
+    assert prompt_offsets((0, 1, 2), _Tokenizer(), "<s>bc") == [0, 3, 4]
+    # A text prompt echoes the request's string, which has no text for the added BOS.
+    assert prompt_offsets((0, 1, 2), _Tokenizer(), "bc") == [0, 0, 1]
