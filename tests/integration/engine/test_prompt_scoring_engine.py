@@ -246,3 +246,18 @@ def test_a_scored_request_reports_generation_logprobs_through_the_completion_con
         assert [a.token_id for a in mine.alternatives][:3] == [
             a.token_id for a in theirs.alternatives
         ][:3]
+
+
+def test_requests_without_prompt_logprobs_never_select_the_scored_operation(tiny_model_dir):
+    engine, plans = make_engine(tiny_model_dir, budget=32)
+    prompt = random_prompt(70, 13, engine.vocab_size)
+    options = LogprobOptions(top_k=2)
+    drain(engine, [GenerationRequest("plain", prompt, GREEDY, n=2, logprobs=options)])
+    assert plans and not any(plan.scored for plan in plans)
+
+
+def test_an_executor_without_scored_capacities_keeps_no_scoring_storage(tiny_model_dir):
+    engine, _ = make_engine(tiny_model_dir, budget=32, scoring=False)
+    executor = engine._executor  # noqa: SLF001 - the storage is private by design
+    assert executor.geometry.scored_capacities == ()
+    assert executor._scores is None  # noqa: SLF001
