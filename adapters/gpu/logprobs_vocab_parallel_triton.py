@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -231,6 +233,157 @@ def _final_merge_kernel(
                 tl.store(target + 3 + 2 * rank + one, tl.where(found, bits, 0))
 
 
+def _fusion_options() -> dict:
+    # A fused multiply-add rounds once where the reference rounds twice.
+    return {} if os.environ.get("TRITON_INTERPRET") == "1" else {"enable_fp_fusion": False}
+
+
+def _statistics(
+    logits: torch.Tensor,
+    slots: torch.Tensor,
+    requested: torch.Tensor,
+    stats: torch.Tensor,
+    send: torch.Tensor,
+    width: int,
+) -> None:
+    """Before exchange 1: the shard's tile statistics into `stats`, packed into `send`.
+
+    One program row per logits row; `stats` [>= R, tiles or 1, 2] and `send` [>= R, 256].
+    """
+    rows, stats_tiles = logits.shape[0], stats.shape[1]
+    common = _fusion_options()
+    tile_stats_kernel[(rows, stats_tiles)](
+        logits, logits.stride(0), slots, requested, stats, width, stats_tiles,
+        TILE=LSE_TILE, LOG2_TILE=_LOG2_TILE, **common,
+    )  # fmt: skip
+    _pack_statistics_kernel[(rows,)](
+        slots, requested, stats.view(torch.int32), send, -(-width // LSE_TILE), stats_tiles,
+        WORDS=EXCHANGE_WORDS, **common,
+    )  # fmt: skip
+
+
+def _candidates(
+    logits: torch.Tensor,
+    slots: torch.Tensor,
+    chosen: torch.Tensor,
+    requested: torch.Tensor,
+    counts: torch.Tensor | None,
+    token_ids: torch.Tensor | None,
+    received: torch.Tensor,
+    tile_words: torch.Tensor,
+    lse: torch.Tensor,
+    keys: torch.Tensor,
+    send: torch.Tensor,
+    start: int,
+    width: int,
+) -> None:
+    """Between the exchanges: the global normalizer into `lse` from exchange 1's `received`
+    [world, reserved rows, 256], the shard's tile candidates into `keys` and exchange 2's words
+    into `send`."""
+    rows, stats_tiles = logits.shape[0], keys.shape[1]
+    has_ids = counts is not None
+    counts = counts if has_ids else requested  # never read without HAS_IDS
+    token_ids = token_ids if has_ids else requested
+    common, row_stride = _fusion_options(), logits.stride(0)
+    total_tiles = tile_words.shape[0]
+    _combine_kernel[(rows,)](
+        slots, requested, received.view(torch.float32), tile_words, lse, total_tiles,
+        TILES_BLOCK=triton.next_power_of_2(total_tiles), WORDS=EXCHANGE_WORDS, **common,
+    )  # fmt: skip
+    _shard_candidates_kernel[(rows, stats_tiles)](
+        logits, row_stride, slots, requested, counts, lse, keys, start, width, stats_tiles,
+        HAS_IDS=has_ids, TILE=LSE_TILE, CANDIDATES=SHARD_CANDIDATES, **common,
+    )  # fmt: skip
+    _pack_candidates_kernel[(rows,)](
+        logits, row_stride, slots, chosen, requested, counts, token_ids, lse, keys, send,
+        send.view(torch.int64), start, width, stats_tiles,
+        HAS_IDS=has_ids, CANDIDATES=SHARD_CANDIDATES,
+        CANDIDATES_BLOCK=triton.next_power_of_2(stats_tiles * SHARD_CANDIDATES),
+        SELECTED=MAX_SELECTED_IDS, WORDS=EXCHANGE_WORDS, VALUE_WORD=_VALUE_WORD,
+        CHOSEN_WORD=_CHOSEN_WORD, **common,
+    )  # fmt: skip
+
+
+def _merge(
+    received: torch.Tensor,
+    stops: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    chosen: torch.Tensor,
+    requested: torch.Tensor,
+    counts: torch.Tensor | None,
+    token_ids: torch.Tensor | None,
+    lse: torch.Tensor,
+    out: torch.Tensor,
+    vocab_size: int,
+    top_k: int,
+) -> None:
+    """After exchange 2: the packed output of every requesting row into `out`.
+
+    `received` [world, R, 256] holds exchange 2's rows (a view of the reserved buffer serves:
+    its first stride separates the ranks), one program per row; `stops` [world] ends each
+    rank's range.
+    """
+    world, rows = received.shape[0], received.shape[1]
+    has_ids = counts is not None
+    counts = counts if has_ids else requested  # never read without HAS_IDS
+    token_ids = token_ids if has_ids else requested
+    _final_merge_kernel[(rows,)](
+        received, received.view(torch.int64), received.stride(0), stops, world, slots,
+        positions, chosen, requested, counts, token_ids, lse, out, out.shape[1], out.shape[2],
+        vocab_size,
+        HAS_IDS=has_ids, TOP_K=top_k, CANDIDATES=SHARD_CANDIDATES,
+        CANDIDATES_BLOCK=triton.next_power_of_2(world * SHARD_CANDIDATES),
+        WORLD_BLOCK=triton.next_power_of_2(world), SELECTED=MAX_SELECTED_IDS,
+        WORDS=EXCHANGE_WORDS, VALUE_WORD=_VALUE_WORD, CHOSEN_WORD=_CHOSEN_WORD,
+        **_fusion_options(),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class VocabParallelOperators:
+    """The custom ops between the exchanges, each writing only the buffers it names.
+
+    `statistics(logits, slots, requested, stats, send, width)` writes stats and send;
+    `candidates(logits, slots, chosen, requested, counts, token_ids, received, tile_words, lse,
+    keys, send, start, width)` writes lse, keys and send; `merge(received, stops, slots,
+    positions, chosen, requested, counts, token_ids, lse, out, vocab_size, top_k)` writes out.
+    To a compiler every write is opaque and no op returns a tensor, so the exchanges (eager
+    collectives on the same buffers) stay between them and the logits are read in order.
+    """
+
+    statistics: Callable[..., None]
+    candidates: Callable[..., None]
+    merge: Callable[..., None]
+
+
+_OPERATORS: VocabParallelOperators | None = None
+
+
+def _no_result(*arguments) -> None:  # a fake op's only effect is its opaque writes
+    return None
+
+
+def vocab_parallel_operators() -> VocabParallelOperators:
+    """`torch.ops.helios.vp_logprob_{statistics,candidates,merge}`, registered on first use."""
+    global _OPERATORS
+    if _OPERATORS is None:
+        declared = (
+            ("statistics", _statistics, ("stats", "send")),
+            ("candidates", _candidates, ("lse", "keys", "send")),
+            ("merge", _merge, ("out",)),
+        )
+        operators = {}
+        for name, launches, writes in declared:
+            operator = torch.library.custom_op(
+                f"helios::vp_logprob_{name}", launches, mutates_args=writes
+            )
+            operator.register_fake(_no_result)
+            operators[name] = operator
+        _OPERATORS = VocabParallelOperators(**operators)
+    return _OPERATORS
+
+
 class TritonVocabParallelLogprobReducer(VocabParallelLogprobReducer):
     """The torch-staged vocabulary-parallel contract from six Triton launches per rank.
 
@@ -239,7 +392,8 @@ class TritonVocabParallelLogprobReducer(VocabParallelLogprobReducer):
     every row of the shard gets programs, a row whose slot has a zero flag stops after reading
     its flag, and each exchange carries all R rows (a non-requesting row's words are whatever
     its workspace holds and no rank reads them). Workspaces are kept for the largest row count
-    seen; logits never travel.
+    seen; logits never travel. The launches run as the three `vocab_parallel_operators`, the
+    eager all-gathers between them.
     """
 
     def __init__(
@@ -257,7 +411,9 @@ class TritonVocabParallelLogprobReducer(VocabParallelLogprobReducer):
         self._workspace: dict[str, torch.Tensor] | None = None
 
     def reserve(self, rows: int, device: torch.device | str) -> None:
-        """Allocates the workspaces and exchange buffers for up to `rows` rows."""
+        """Allocates the workspaces and exchange buffers for up to `rows` rows, and registers the
+        custom ops, so that nothing is allocated or registered while a graph is captured."""
+        vocab_parallel_operators()
         device = torch.empty(0, device=device).device
         workspace = self._workspace
         if (
@@ -312,51 +468,19 @@ class TritonVocabParallelLogprobReducer(VocabParallelLogprobReducer):
             logits_shard = logits_shard.contiguous()
         self.reserve(rows, logits_shard.device)
         space = self._workspace
-        has_ids = counts is not None
-        counts = counts if has_ids else requested  # never read without HAS_IDS
-        token_ids = token_ids if has_ids else requested
-        # A fused multiply-add rounds once where the reference rounds twice.
-        common = {} if os.environ.get("TRITON_INTERPRET") == "1" else {"enable_fp_fusion": False}
-        row_stride, width = logits_shard.stride(0), self.stop - self.start
-        stats_tiles, peer_words = self._stats_tiles, space["received"].stride(0)
+        operators = vocab_parallel_operators()
+        width = self.stop - self.start
         send, received = space["send"], space["received"]
-        tile_stats_kernel[(rows, stats_tiles)](
-            logits_shard, row_stride, slots, requested, space["stats"], width, stats_tiles,
-            TILE=LSE_TILE, LOG2_TILE=_LOG2_TILE, **common,
-        )  # fmt: skip
-        _pack_statistics_kernel[(rows,)](
-            slots, requested, space["stats"].view(torch.int32), send, self.tiles, stats_tiles,
-            WORDS=EXCHANGE_WORDS, **common,
+        operators.statistics(logits_shard, slots, requested, space["stats"], send, width)
+        self._gather(send, received, rows)
+        operators.candidates(
+            logits_shard, slots, chosen, requested, counts, token_ids, received,
+            space["tile_words"], space["lse"], space["keys"], send, self.start, width,
         )  # fmt: skip
         self._gather(send, received, rows)
-        total_tiles = space["tile_words"].shape[0]
-        _combine_kernel[(rows,)](
-            slots, requested, received.view(torch.float32), space["tile_words"], space["lse"],
-            total_tiles, TILES_BLOCK=triton.next_power_of_2(total_tiles),
-            WORDS=EXCHANGE_WORDS, **common,
-        )  # fmt: skip
-        _shard_candidates_kernel[(rows, stats_tiles)](
-            logits_shard, row_stride, slots, requested, counts, space["lse"], space["keys"],
-            self.start, width, stats_tiles,
-            HAS_IDS=has_ids, TILE=LSE_TILE, CANDIDATES=SHARD_CANDIDATES, **common,
-        )  # fmt: skip
-        _pack_candidates_kernel[(rows,)](
-            logits_shard, row_stride, slots, chosen, requested, counts, token_ids, space["lse"],
-            space["keys"], send, send.view(torch.int64), self.start, width, stats_tiles,
-            HAS_IDS=has_ids, CANDIDATES=SHARD_CANDIDATES,
-            CANDIDATES_BLOCK=triton.next_power_of_2(stats_tiles * SHARD_CANDIDATES),
-            SELECTED=MAX_SELECTED_IDS, WORDS=EXCHANGE_WORDS, VALUE_WORD=_VALUE_WORD,
-            CHOSEN_WORD=_CHOSEN_WORD, **common,
-        )  # fmt: skip
-        self._gather(send, received, rows)
-        _final_merge_kernel[(rows,)](
-            received, received.view(torch.int64), peer_words, space["stops"], self.world_size,
-            slots, positions, chosen, requested, counts, token_ids, space["lse"], out,
-            out.shape[1], out.shape[2], self.vocab_size,
-            HAS_IDS=has_ids, TOP_K=self.top_k, CANDIDATES=SHARD_CANDIDATES,
-            CANDIDATES_BLOCK=triton.next_power_of_2(self.world_size * SHARD_CANDIDATES),
-            WORLD_BLOCK=triton.next_power_of_2(self.world_size), SELECTED=MAX_SELECTED_IDS,
-            WORDS=EXCHANGE_WORDS, VALUE_WORD=_VALUE_WORD, CHOSEN_WORD=_CHOSEN_WORD, **common,
+        operators.merge(
+            received[:, :rows], space["stops"], slots, positions, chosen, requested, counts,
+            token_ids, space["lse"], out, self.vocab_size, self.top_k,
         )  # fmt: skip
 
     def _gather(self, send: torch.Tensor, received: torch.Tensor, rows: int) -> None:

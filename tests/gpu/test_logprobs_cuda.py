@@ -306,3 +306,108 @@ def test_no_kernel_compiles_after_the_first_call_when_only_the_row_count_changes
 
     assert prepared > 0, "no compiled kernel was found: the count cannot see compilations"
     assert compiled_kernel_count() == prepared
+
+
+# -----------------------------------------------------------------------------------------------
+# Vocabulary-parallel reducer: one rank of an NCCL world, captured in a graph and under compile.
+# -----------------------------------------------------------------------------------------------
+
+import torch.distributed as dist  # noqa: E402
+
+from adapters.gpu.logprobs_reference import LSE_TILE  # noqa: E402
+from adapters.gpu.logprobs_vocab_parallel import EXCHANGE_WORDS  # noqa: E402
+from adapters.gpu.logprobs_vocab_parallel_triton import (  # noqa: E402
+    TritonVocabParallelLogprobReducer,
+    vocab_parallel_operators,
+)
+
+# SmolLM2's vocabulary: 48 tiles, within what one rank's exchange 1 carries (Qwen2's is not).
+SHARDED_VOCAB = 49_152
+
+
+@pytest.fixture
+def one_rank_world(tmp_path):
+    """An NCCL world of one rank from a file rendezvous, torn down after the test.
+
+    NCCL rather than gloo: its collectives are enqueued on the device, so they can be captured.
+    """
+    if not dist.is_available() or not dist.is_nccl_available():
+        pytest.skip("this torch has no NCCL backend")
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    dist.init_process_group(
+        "nccl",
+        init_method=f"file://{tmp_path}/rendezvous",
+        rank=0,
+        world_size=1,
+        device_id=torch.device(DEVICE, torch.cuda.current_device()),
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_captured_vocab_parallel_reducer_replays_fresh_inputs_into_the_eager_words(
+    one_rank_world,
+) -> None:
+    """Reserve, one eager call (compiles every kernel, starts the communicator), then capture:
+    each replay reads the refreshed static inputs, both exchanges included."""
+    vocab, rows = SHARDED_VOCAB, GRAPH_ROWS
+    static = mixed_batch(rows, vocab, torch.bfloat16, seed=0)
+    out = empty_frame(static)
+    reducer = TritonVocabParallelLogprobReducer(vocab, NATURAL_TOP_K, rank=0, world_size=1)
+    reducer.reserve(rows, DEVICE)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        reducer.reduce(*static.arguments(), out)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        reducer.reduce(*static.arguments(), out)
+
+    eager = TritonVocabParallelLogprobReducer(vocab, NATURAL_TOP_K, rank=0, world_size=1)
+    for seed in (1, 2):
+        fresh = mixed_batch(rows, vocab, torch.bfloat16, seed)
+        fresh.copy_into(static)
+        out.fill_(SENTINEL)
+        graph.replay()
+        torch.cuda.synchronize()
+
+        assert_same_words(reduce_into_frame(eager, fresh), out)
+        assert_same_words(reduce_into_frame(ReferenceLogprobReducer(vocab), fresh), out)
+        assert_untouched(fresh, out)
+
+
+def test_the_statistics_operator_under_torch_compile_writes_the_eager_words() -> None:
+    """fullgraph inductor keeps the opaque writes and reads the logits before they change."""
+    vocab, rows = SHARDED_VOCAB, COMPILE_ROWS
+    batch = mixed_batch(rows, vocab, torch.bfloat16, seed=7)
+    bias = torch.randn(batch.logits.shape[1], generator=_generator(8), device=DEVICE)
+    bias = bias.to(batch.logits.dtype)
+    statistics = vocab_parallel_operators().statistics
+
+    def shard_step(logits, bias, slots, requested, stats, send):
+        shifted = logits + bias
+        statistics(shifted, slots, requested, stats, send, vocab)
+        # Changed after the operator read it: the division must not move before the operator.
+        return shifted.div_(TEMPERATURE)
+
+    def buffers() -> tuple[torch.Tensor, torch.Tensor]:
+        tiles = -(-vocab // LSE_TILE)
+        stats = torch.zeros(rows, tiles, 2, device=DEVICE)
+        return stats, torch.zeros(rows, EXCHANGE_WORDS, dtype=torch.int32, device=DEVICE)
+
+    inputs = (batch.logits, bias, batch.slots, batch.requested)
+    eager_stats, eager_send = buffers()
+    compiled_stats, compiled_send = buffers()
+    eager_scaled = shard_step(*inputs, eager_stats, eager_send)
+    compiled = torch.compile(shard_step, fullgraph=True)
+    compiled_scaled = compiled(*inputs, compiled_stats, compiled_send)
+
+    assert eager_send.any(), "the operator wrote nothing"
+    assert_same_words(eager_send, compiled_send)
+    assert_same_words(eager_stats.view(torch.int32), compiled_stats.view(torch.int32))
+    assert torch.equal(eager_scaled, compiled_scaled)
