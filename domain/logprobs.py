@@ -60,16 +60,21 @@ def pack_position(position: PositionLogprobs, width: int) -> list[int]:
     return words
 
 
-def unpack_position(words: Sequence[int], pairs: int) -> PositionLogprobs:
-    """Reads the chosen pair and up to `pairs` alternatives, stopping at the first -1 ID."""
-    alternatives = []
-    for index in range(pairs):
-        token_id = words[2 + 2 * index]
+def unpack_pairs(words: Sequence[int], first: int, pairs: int) -> tuple[TokenLogprob, ...]:
+    """Up to `pairs` (ID, FP32 bits) pairs from word `first` on, stopping at the first -1 ID."""
+    found = []
+    for word in range(first, first + 2 * pairs, 2):
+        token_id = words[word]
         if token_id == NO_TOKEN:
             break
-        alternatives.append(TokenLogprob(token_id, bits_to_float(words[3 + 2 * index])))
+        found.append(TokenLogprob(token_id, bits_to_float(words[word + 1])))
+    return tuple(found)
+
+
+def unpack_position(words: Sequence[int], pairs: int) -> PositionLogprobs:
+    """Reads the chosen pair and up to `pairs` alternatives, stopping at the first -1 ID."""
     chosen = TokenLogprob(words[0], bits_to_float(words[1]))
-    return PositionLogprobs(chosen, tuple(alternatives))
+    return PositionLogprobs(chosen, unpack_pairs(words, 2, pairs))
 
 
 def wire_logprob(value: float) -> float:

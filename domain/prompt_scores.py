@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from domain.logprobs import NO_TOKEN, TokenLogprob, bits_to_float
+from domain.logprobs import NO_TOKEN, TokenLogprob, bits_to_float, unpack_pairs
 
 PROMPT_ALTERNATIVES = 20
 PROMPT_ROW_WORDS = 3 + 2 * PROMPT_ALTERNATIVES  # actual ID, bits, rank, then (ID, bits) pairs
@@ -45,14 +45,8 @@ def unpack_prompt_row(words: Sequence[int]) -> PromptScore | None:
     token_id, bits, rank = words[0], words[1], words[2]
     if token_id == NO_TOKEN:
         return None
-    logprob = bits_to_float(bits)
-    alternatives = []
-    for index in range(PROMPT_ALTERNATIVES):
-        alternative_id = words[3 + 2 * index]
-        if alternative_id == NO_TOKEN:
-            break
-        alternatives.append(TokenLogprob(alternative_id, bits_to_float(words[4 + 2 * index])))
-    return PromptScore(token_id, logprob, rank, tuple(alternatives))
+    alternatives = unpack_pairs(words, 3, PROMPT_ALTERNATIVES)
+    return PromptScore(token_id, bits_to_float(bits), rank, alternatives)
 
 
 def prompt_targets(prompt: Sequence[int], chunk_start: int, chunk_len: int) -> list[int]:

@@ -53,9 +53,13 @@ class PromptScoreFrames:
             device=device,
         )
         self._lanes: list[tuple[int, ...]] = [(), ()]
-        pinned = device.type == "cuda"
-        self._host = torch.empty((2, rows, PROMPT_ROW_WORDS), dtype=torch.int32, pin_memory=pinned)
-        self._produced = [torch.cuda.Event(), torch.cuda.Event()] if pinned else None
+        # On the CPU the frames already live in host memory: no staging copy, no events.
+        self._host = self._produced = None
+        if device.type == "cuda":
+            self._host = torch.empty(
+                (2, rows, PROMPT_ROW_WORDS), dtype=torch.int32, pin_memory=True
+            )
+            self._produced = [torch.cuda.Event(), torch.cuda.Event()]
 
     def capacity_for(self, rows: int) -> int:
         for capacity in self.capacities:
@@ -91,10 +95,10 @@ class PromptScoreFrames:
         if not lanes:
             return ()
         rows = sum(lanes)
-        if self._produced is not None:
+        host = self.prompt_logprobs[frame, :rows]
+        if self._host is not None:
             self._produced[frame].synchronize()
-        host = self._host[frame, :rows]
-        host.copy_(self.prompt_logprobs[frame, :rows])
+            host = self._host[frame, :rows].copy_(host)
         words = host.tolist()
         decoded = []
         start = 0

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
-
 import pytest
 
 from domain.capabilities import (
@@ -14,10 +11,18 @@ from domain.capabilities import (
     CoreValidationError,
     GraphDeclaration,
     LogprobCapability,
-    logprob_capability,
     scored_capacities,
 )
-from tests.unit.domain.test_capabilities import CAPACITY, COUNTS, FLAG, IDS, ORDINARY, T
+from tests.unit.domain.test_capabilities import (
+    CAPACITY,
+    COUNTS,
+    FLAG,
+    IDS,
+    ORDINARY,
+    T,
+    capability,
+    fails_with,
+)
 
 C = 512
 TARGET = ("prompt_target_tokens", "PROMPT_TARGET_TOKEN")
@@ -78,19 +83,6 @@ def natural_graphs(rows: int = C) -> list[GraphDeclaration]:
         sampler("decode", "DECODE", FLAG),
         *(scored(c, *ORDINARY, FLAG, TARGET) for c in scored_capacities(rows)),
     ]
-
-
-def capability(
-    buffers: Iterable[BufferDeclaration], graphs: Iterable[GraphDeclaration]
-) -> LogprobCapability:
-    return logprob_capability(buffers, graphs, capacity=CAPACITY, token_capacity=T)
-
-
-def fails_with(
-    buffers: Iterable[BufferDeclaration], graphs: Iterable[GraphDeclaration], message: str
-) -> None:
-    with pytest.raises(CoreValidationError, match=re.escape(message)):
-        capability(buffers, graphs)
 
 
 @pytest.mark.parametrize(
