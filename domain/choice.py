@@ -27,11 +27,17 @@ class ChoiceText:
       frame are dropped, and only tokens whose text starts before the stop keep their entries.
     - Entries are released with their token's first character (text held back while a stop may
       be forming holds its entries too), so streamed entries concatenate to the whole result.
+    - With `echo` every kept token has an entry, the terminating stop token and the tokens at
+      or after a stop string included, at an offset no later than the end of the text: echo
+      arrays are indexed by position (prompt entries, then one per completion token).
     """
 
-    def __init__(self, index: int, params: SamplingParams, tokenizer: Tokenizer) -> None:
+    def __init__(
+        self, index: int, params: SamplingParams, tokenizer: Tokenizer, *, echo: bool = False
+    ) -> None:
         self._index = index
         self._params = params
+        self._echo = echo
         self._eos = tokenizer.eos_token_ids
         self._decoder = IncrementalDetokenizer(
             tokenizer.token_bytes,
@@ -58,11 +64,13 @@ class ChoiceText:
         kept: list[int] = []
         for index, token_id in enumerate(tokens):
             kept.append(token_id)
-            if index == len(tokens) - 1 and finish is Finish.STOP_TOKEN:
-                if self._params.include_stop_str_in_output:
-                    text.append(self._feed(self._decoder.push(token_id), None))
-                return self._end(text, kept, "stop", self._stop_reason(token_id))
             position = positions[index] if positions is not None else None
+            if index == len(tokens) - 1 and finish is Finish.STOP_TOKEN:
+                entry = position if self._echo else None
+                if self._params.include_stop_str_in_output:
+                    text.append(self._feed(self._decoder.push(token_id), entry))
+                    entry = None
+                return self._end(text, kept, "stop", self._stop_reason(token_id), last=entry)
             text.append(self._feed(self._decoder.push(token_id), position))
             if self._matcher.stop is not None:
                 return self._end(text, kept, "stop", self._matcher.stop, drain=False)
@@ -102,7 +110,9 @@ class ChoiceText:
         stop_reason: str | int | None,
         *,
         drain: bool = True,
+        last: PositionLogprobs | None = None,
     ) -> ChoiceDelta:
+        """Ends the choice; `last` is an echoed stop token's entry, placed at the text's end."""
         if drain:
             text.append(self._feed(self._decoder.flush(), None))
             if self._matcher.stop is not None:
@@ -111,9 +121,21 @@ class ChoiceText:
                 tail = self._matcher.finish()
                 self._released += len(tail)
                 text.append(tail)
+        if last is not None:
+            self._pending.append(LogprobEntry(last, self._released))
         # After a stop string only tokens that start before it keep entries; otherwise all do.
-        entries = self._release(everything=self._matcher.stop is None)
+        entries = self._release(everything=self._echo or self._matcher.stop is None)
+        if self._echo:
+            entries = tuple(_at_most(entry, self._released) for entry in entries)
         self._pending.clear()
         self.finished = True
         self.num_tokens += len(kept)
         return ChoiceDelta(self._index, "".join(text), tuple(kept), reason, stop_reason, entries)
+
+
+def _at_most(entry: LogprobEntry, end: int) -> LogprobEntry:
+    """The entry with its offset clamped to `end`: a token after a stop string's start has no
+    text of its own, so it points at the end of the text."""
+    if entry.text_offset <= end:
+        return entry
+    return LogprobEntry(entry.position, end)

@@ -273,7 +273,10 @@ class Engine:
             )
             for index in range(request.n)
         ]
-        choices = [ChoiceText(index, params, self._tokenizer) for index in range(request.n)]
+        choices = [
+            ChoiceText(index, params, self._tokenizer, echo=request.echo)
+            for index in range(request.n)
+        ]
         entry = _Request(request, channel, choices, sequences)
         self._requests[request.request_id] = entry
         if sequences[0].needs_scoring:

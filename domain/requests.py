@@ -28,6 +28,9 @@ class GenerationRequest:
     # this many alternatives; with `prefill_only` nothing is generated (echo, max_tokens 0).
     prompt_logprobs: int | None = None
     prefill_only: bool = False
+    # The response echoes the prompt: scorers index its logprob arrays by position, so every
+    # generated token keeps an entry (a terminating EOS or stop token included).
+    echo: bool = False
 
     def __post_init__(self) -> None:
         if self.prefill_only and not self.score_prompt:

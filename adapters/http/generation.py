@@ -37,6 +37,7 @@ def request_group(
             logprobs=job.logprobs,
             prompt_logprobs=job.prompt_top_k,
             prefill_only=job.scores_prompt and not job.generates,
+            echo=job.echoes_logprobs,
         )
         for index, prompt in enumerate(job.prompts)
     ]

@@ -1,24 +1,33 @@
-"""lm-evaluation-harness `local-completions` against real gunicorn: transformers' loglikelihoods."""
+"""lm-evaluation-harness `local-completions` against real gunicorn: transformers' loglikelihoods.
+
+The served tiny model ends deliberately (`build_ending_model_dir`), so the cases include
+continuations after which the model's greedy token is EOS: lm-eval drops the last element of
+the echoed arrays, which must then be the terminating EOS's own entry.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch
-import transformers
-from lm_eval.api.instance import Instance
-from lm_eval.models.openai_completions import LocalCompletionsAPI
 
 from tests.e2e.conftest import MAX_MODEL_LEN, RunningServer, running_server
+from tests.support.lm_eval import (
+    Expected,
+    Reference,
+    assert_loglikelihoods,
+    instances,
+    local_completions,
+    scoring_payload,
+)
+from tests.support.tiny_serving import build_ending_model_dir
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SERVED_NAME = "tiny-llama"
-ATOL = 1e-4
 GREEDY_LENGTH = 3
+ENDING_LIMIT = 8
 # Human text the random tiny model would not pick; the reference, not this comment, decides
 # is_greedy, and the `expected` fixture insists both answers occur.
 WRITTEN_PAIRS = (
@@ -28,94 +37,47 @@ WRITTEN_PAIRS = (
     # lm-eval scores an empty context after the tokenizer's BOS.
     ("", " café naïve"),
 )
-# Contexts tried in turn until the model's greedy continuation survives a decode/encode round
-# trip, so the string-prompt path scores the very tokens the model chose.
-GREEDY_CONTEXTS = (
+# Contexts tried in turn: for a greedy continuation that survives a decode/encode round trip
+# (so the string-prompt path scores the very tokens the model chose), and for greedy runs that
+# end with EOS.
+CONTEXTS = (
     "the quick brown fox",
     "every request gets its own",
     "nothing stale leaks into",
     "a new answer",
     "server to client",
+    "the slot gets a new fox",
+    "quick answer to every client",
+    "its own brown server",
+    "stale request leaks",
+    "the lazy fox gets into a slot",
 )
 
 
-@dataclass(frozen=True)
-class Expected:
-    """One (context, continuation) pair and what transformers says lm-eval should report."""
-
-    context: str
-    continuation: str
-    logprob: float
-    is_greedy: bool
-
-
-class Reference:
-    """The tiny model in transformers, scoring token IDs in float64 log_softmax."""
-
-    def __init__(self, model_dir: Path) -> None:
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-        self.model = transformers.AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=torch.float32
-        ).eval()
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False).input_ids
-
-    def split(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
-        """lm-eval's split: the context alone, then the rest of the whole text's encoding
-        (an empty context becomes the BOS token)."""
-        if not context:
-            return [self.tokenizer.bos_token_id], self.encode(continuation)
-        context_ids = self.encode(context)
-        whole = self.encode(context + continuation)
-        if whole[: len(context_ids)] != context_ids:
-            raise ValueError(f"{context!r} does not tokenize as a prefix of its continuation")
-        return context_ids, whole[len(context_ids) :]
-
-    def score(self, context: str, continuation: str) -> Expected:
-        context_ids, continuation_ids = self.split(context, continuation)
-        token_ids = context_ids + continuation_ids
-        # The server re-tokenizes string prompts: they must come back as the same IDs.
-        if self.encode(self.tokenizer.decode(token_ids)) != token_ids:
-            raise ValueError(f"{context + continuation!r} does not survive decode/encode")
-        with torch.no_grad():
-            logits = self.model(torch.tensor([token_ids])).logits[0]
-        logprobs = torch.log_softmax(logits.double(), dim=-1)
-        # Row `position - 1` predicts the token at `position`.
-        rows = range(len(context_ids) - 1, len(token_ids) - 1)
-        chosen = [logprobs[row, token_ids[row + 1]].item() for row in rows]
-        greedy = all(int(logprobs[row].argmax()) == token_ids[row + 1] for row in rows)
-        return Expected(context, continuation, sum(chosen), greedy)
-
-    def greedy_continuation(self, context: str) -> str | None:
-        context_ids = self.encode(context)
-        with torch.no_grad():
-            generated = self.model.generate(
-                torch.tensor([context_ids]),
-                max_new_tokens=GREEDY_LENGTH,
-                min_new_tokens=GREEDY_LENGTH,
-                do_sample=False,
-            )[0, len(context_ids) :].tolist()
-        text = self.tokenizer.decode(generated)
-        if self.encode(context + text) != context_ids + generated:
-            return None
-        return text
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_ending_model_dir(tmp_path_factory.mktemp("lm-eval-ending-tiny"))
 
 
 @pytest.fixture(scope="module")
-def expected(e2e_model_dir: Path) -> list[Expected]:
-    reference = Reference(e2e_model_dir)
-    greedy = next(
-        (
-            (context, text)
-            for context in GREEDY_CONTEXTS
-            if (text := reference.greedy_continuation(context)) is not None
-        ),
-        None,
-    )
+def reference(model_dir: Path) -> Reference:
+    return Reference(model_dir)
+
+
+@pytest.fixture(scope="module")
+def expected(reference: Reference) -> list[Expected]:
+    greedy = None
+    for context in CONTEXTS:
+        context_ids = reference.encode(context)
+        generated = reference.greedy(context_ids, GREEDY_LENGTH, min_tokens=GREEDY_LENGTH)
+        text = reference.decode(generated)
+        if reference.encode(context + text) == context_ids + generated:
+            greedy = (context, text)
+            break
     if greedy is None:
         raise ValueError("no context's greedy continuation survives decode/encode")
     cases = [reference.score(c, t) for c, t in (*WRITTEN_PAIRS, greedy)]
+    cases += reference.ending_cases(CONTEXTS, ENDING_LIMIT)
     # Both answers of is_greedy must be on the line, or the comparison proves little.
     if sorted({case.is_greedy for case in cases}) != [False, True]:
         raise ValueError(f"the cases do not mix greedy and non-greedy: {cases}")
@@ -124,35 +86,31 @@ def expected(e2e_model_dir: Path) -> list[Expected]:
 
 @pytest.fixture(scope="module")
 def scoring_server(
-    e2e_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningServer]:
     workdir = tmp_path_factory.mktemp("lm-eval-server")
     flags = ("--served-model-name", SERVED_NAME, "--prompt-logprobs")
-    with running_server(e2e_model_dir, workdir, *flags) as running:
+    with running_server(model_dir, workdir, *flags) as running:
         yield running
 
 
-def local_completions(
-    server: RunningServer, model_dir: Path, **model_args: object
-) -> LocalCompletionsAPI:
-    return LocalCompletionsAPI(
-        base_url=f"{server.base_url}/v1/completions",
-        model=SERVED_NAME,
-        tokenizer=str(model_dir),
-        tokenizer_backend="huggingface",
-        max_length=MAX_MODEL_LEN,
-        # One try: a refused request should fail the test at once, not after back-off sleeps.
-        max_retries=1,
-        timeout=60,
-        **model_args,
-    )
-
-
-def instances(cases: list[Expected]) -> list[Instance]:
-    return [
-        Instance("loglikelihood", doc={}, arguments=(case.context, case.continuation), idx=index)
-        for index, case in enumerate(cases)
+def test_the_ending_cases_make_the_server_generate_a_terminating_eos(
+    scoring_server: RunningServer, reference: Reference, expected: list[Expected]
+):
+    ending = [case for case in expected if case.ends]
+    assert [len(reference.split(c.context, c.continuation)[1]) > 1 for c in ending] == [
+        False,
+        True,
     ]
+
+    for case in ending:
+        prompt = sum(reference.split(case.context, case.continuation), [])
+        body = scoring_payload(scoring_server.base_url, SERVED_NAME, prompt)
+
+        choice = body["choices"][0]
+        assert choice["finish_reason"] == "stop" and choice["stop_reason"] is None
+        assert body["usage"]["completion_tokens"] == 1
+        assert len(choice["logprobs"]["token_logprobs"]) == len(prompt) + 1
 
 
 @pytest.mark.parametrize(
@@ -167,16 +125,14 @@ def instances(cases: list[Expected]) -> list[Instance]:
 )
 def test_local_completions_loglikelihoods_equal_transformers_float64_scores(
     scoring_server: RunningServer,
-    e2e_model_dir: Path,
+    model_dir: Path,
     expected: list[Expected],
     model_args: dict[str, object],
 ):
-    model = local_completions(scoring_server, e2e_model_dir, **model_args)
+    model = local_completions(
+        scoring_server.base_url, SERVED_NAME, model_dir, MAX_MODEL_LEN, **model_args
+    )
 
     results = model.loglikelihood(instances(expected), disable_tqdm=True)
 
-    assert len(results) == len(expected)
-    for case, (logprob, is_greedy) in zip(expected, results, strict=True):
-        label = f"{case.context!r} + {case.continuation!r}"
-        assert logprob == pytest.approx(case.logprob, abs=ATOL), label
-        assert is_greedy is case.is_greedy, label
+    assert_loglikelihoods(results, expected)

@@ -23,3 +23,43 @@ def build_tiny_model_dir(
     tokenizer_builder = build_byte_fallback if byte_fallback else build_byte_level_bpe
     tokenizer_builder(directory, vocab_size=TINY_VOCAB)
     return directory
+
+
+# Short prompts the ending model is tuned on; any text of the tiny tokenizer's corpus would do.
+_PROBE_WORDS = (
+    *("the", "quick", "brown", "fox", "every", "request", "gets", "its", "own", "slot"),
+    *("nothing", "stale", "leaks", "into", "a", "new", "answer", "server", "to", "client"),
+)
+# EOS's head row becomes this multiple of the most often greedy token's row: wherever that
+# token was the (positive) argmax, EOS now wins, and it often wins where it came close.
+_EOS_GAIN = 1.25
+
+
+def build_ending_model_dir(directory: Path) -> Path:
+    """A tiny model that ends deliberately: greedy decoding often stops with EOS after a few
+    tokens, so tests meet terminating EOS right after a prompt or a short continuation.
+
+    The EOS row of the LM head is a scaled copy of the row of the token the random model picks
+    most often over short probe prompts; everything else is `build_tiny_model_dir`'s model.
+    """
+    import random
+    from collections import Counter
+
+    import torch
+    import transformers
+
+    build_tiny_model_dir(directory)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    generator = random.Random(0)
+    picks: Counter[int] = Counter()
+    with torch.inference_mode():
+        for _ in range(60):
+            words = generator.sample(_PROBE_WORDS, generator.randint(2, 5))
+            token_ids = tokenizer(" ".join(words), add_special_tokens=False).input_ids
+            picks[int(model(torch.tensor([token_ids])).logits[0, -1].argmax())] += 1
+        favourite = picks.most_common(1)[0][0]
+        head = model.lm_head.weight
+        head[tokenizer.eos_token_id] = _EOS_GAIN * head[favourite]
+    model.save_pretrained(directory)
+    return directory

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from domain.choice import ChoiceText
 from domain.emission import LogprobDataError, record_positions
@@ -29,8 +31,8 @@ def position(token_id: int) -> PositionLogprobs:
     return PositionLogprobs(TokenLogprob(token_id, -0.5 - token_id), (TokenLogprob(9, -1.0),))
 
 
-def run(tokens: list[int], finish_last: Finish = Finish.NONE, **params):
-    choice = ChoiceText(0, SamplingParams(**params), TableTokenizer())
+def run(tokens: list[int], finish_last: Finish = Finish.NONE, *, echo: bool = False, **params):
+    choice = ChoiceText(0, SamplingParams(**params), TableTokenizer(), echo=echo)
     deltas = []
     for index, token_id in enumerate(tokens):
         finish = finish_last if index == len(tokens) - 1 else Finish.NONE
@@ -102,6 +104,79 @@ def test_a_forced_token_has_no_entry_and_the_payload_must_name_the_emitted_token
     kept = record_positions(record, (position(5), position(6)))
 
     assert kept == (position(5), None)
+
+
+def test_with_echo_a_terminating_eos_has_an_entry_at_the_end_of_the_text():
+    deltas = run([1, 2, EOS], Finish.STOP_TOKEN, echo=True)
+
+    assert "".join(d.text for d in deltas) == "abc"
+    assert entries(deltas) == [(1, 0), (2, 2), (EOS, 3)]
+    assert deltas[-1].finish_reason == "stop" and deltas[-1].stop_reason is None
+
+
+def test_with_echo_a_first_token_eos_is_the_only_entry():
+    deltas = run([EOS], Finish.STOP_TOKEN, echo=True)
+
+    assert entries(deltas) == [(EOS, 0)]
+    assert deltas[-1].token_ids == (EOS,)
+
+
+def test_with_echo_a_terminating_stop_token_id_has_an_entry():
+    deltas = run([1, 5], Finish.STOP_TOKEN, echo=True, stop_token_ids=(5,))
+
+    assert "".join(d.text for d in deltas) == "ab"
+    assert entries(deltas) == [(1, 0), (5, 2)]
+    assert deltas[-1].stop_reason == 5
+
+
+def test_with_echo_an_included_stop_token_keeps_the_offset_of_its_text():
+    deltas = run(
+        [1, 5], Finish.STOP_TOKEN, echo=True, stop_token_ids=(5,), include_stop_str_in_output=True
+    )
+
+    assert "".join(d.text for d in deltas) == "abx"
+    assert entries(deltas) == [(1, 0), (5, 2)]
+
+
+def test_with_echo_tokens_at_a_stop_string_keep_entries_pointing_at_the_end_of_the_text():
+    deltas = run([1, 2, 5, 6, 1], echo=True, stop=("cx",))
+
+    assert "".join(d.text for d in deltas) == "ab"
+    assert entries(deltas) == [(1, 0), (2, 2), (5, 2)]
+    assert [t for d in deltas for t in d.token_ids] == [1, 2, 5]
+
+
+def test_with_echo_a_stop_token_after_held_back_text_lands_after_that_text():
+    deltas = run([1, 2, EOS], Finish.STOP_TOKEN, echo=True, stop=("cq",))
+
+    assert "".join(d.text for d in deltas) == "abc"
+    assert entries(deltas) == [(1, 0), (2, 2), (EOS, 3)]
+
+
+@given(
+    tokens=st.lists(st.sampled_from(sorted(PIECES)), min_size=1, max_size=8),
+    finish=st.sampled_from([Finish.LENGTH, Finish.STOP_TOKEN]),
+    stop=st.lists(st.sampled_from(["c", "x", "ab", "€", "!x", "yz", "cx"]), max_size=2),
+    include=st.booleans(),
+)
+def test_with_echo_every_completion_token_has_exactly_one_entry_inside_the_text(
+    tokens, finish, stop, include
+):
+    deltas = run(
+        tokens,
+        finish,
+        echo=True,
+        stop=tuple(stop),
+        include_stop_str_in_output=include,
+        ignore_eos=True,
+    )
+
+    text = "".join(d.text for d in deltas)
+    kept = [t for d in deltas for t in d.token_ids]
+    found = entries(deltas)
+    assert [token_id for token_id, _ in found] == kept
+    assert all(0 <= offset <= len(text) for _, offset in found)
+    assert [offset for _, offset in found] == sorted(offset for _, offset in found)
 
 
 @pytest.mark.parametrize("payload", [None, (), (position(5), position(5))])
