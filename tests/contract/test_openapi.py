@@ -202,14 +202,18 @@ def test_detokenize_reads_back_what_tokenize_wrote(contract_app: falcon.asgi.App
     assert decoded.json == {"prompt": text}
 
 
-def test_a_top_k_past_int32_is_not_a_server_error(contract_app: falcon.asgi.App) -> None:
+def test_a_top_k_at_the_int32_maximum_is_served_and_one_past_it_is_a_bad_request(
+    contract_app: falcon.asgi.App,
+) -> None:
     client = falcon.testing.TestClient(contract_app)
+    body = {"prompt": "hi", "max_tokens": 2}
 
-    result = client.simulate_post(
-        "/v1/completions", json={"prompt": "hi", "max_tokens": 2, "top_k": INT32_MAX + 1}
-    )
+    served = client.simulate_post("/v1/completions", json={**body, "top_k": INT32_MAX})
+    refused = client.simulate_post("/v1/completions", json={**body, "top_k": INT32_MAX + 1})
 
-    assert result.status_code == 200
+    assert served.status_code == 200
+    assert refused.status_code == 400
+    assert refused.json["error"]["param"] == "top_k"
 
 
 def test_detokenize_refuses_null_tokens(contract_app: falcon.asgi.App) -> None:
