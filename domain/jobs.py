@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from domain.errors import InvalidRequestError
 from domain.logprobs import LogprobOptions
-from domain.requests import MAX_CHOICES
+from domain.prompt_scores import PROMPT_ALTERNATIVES
+from domain.ranges import CHOICES, COMPLETION_MAX_TOKENS, TOKEN_ID, check_logprob_count
 from domain.sampling import SamplingParams
 
 MAX_PROMPTS = 64
@@ -19,6 +20,9 @@ class Prompt:
 
     token_ids: tuple[int, ...]
     text: str
+
+    def __post_init__(self) -> None:
+        TOKEN_ID.check_each(self.token_ids, "prompt")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +53,9 @@ class GenerationJob:
     prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        if not 1 <= self.n <= MAX_CHOICES:
-            raise InvalidRequestError(f"n must be an integer from 1 to {MAX_CHOICES}", param="n")
+        CHOICES.check(self.n, "n")
+        if self.max_tokens is not None:
+            COMPLETION_MAX_TOKENS.check(self.max_tokens, "max_tokens")
         if not self.prompts:
             raise InvalidRequestError("the prompt must not be empty", param="prompt")
         if len(self.prompts) > MAX_PROMPTS:
@@ -64,10 +69,9 @@ class GenerationJob:
                 "Stream options can only be defined when `stream=True`.", param="stream_options"
             )
         if self.prompt_logprobs is not None:
-            if self.prompt_logprobs < 0:
-                raise InvalidRequestError(
-                    "`prompt_logprobs` must be a positive value or 0.", param="prompt_logprobs"
-                )
+            check_logprob_count(
+                "prompt", self.prompt_logprobs, PROMPT_ALTERNATIVES, "prompt_logprobs"
+            )
             if self.stream:
                 raise InvalidRequestError(
                     "`prompt_logprobs` are not available when `stream=True`.",

@@ -7,6 +7,8 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from domain.ranges import TOKEN_ID, check_logprob_count
+
 NATURAL_TOP_K = 20
 MAX_SELECTED_IDS = 128
 FULL_POSITION_WORDS = 2 + 2 * MAX_SELECTED_IDS
@@ -92,6 +94,11 @@ class LogprobOptions:
 
     top_k: int = 0
     token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        # The most any core serves; the served core and `--max-logprobs` may allow fewer.
+        check_logprob_count("sample", self.top_k, NATURAL_TOP_K, "logprobs")
+        TOKEN_ID.check_each(self.token_ids, "logprob_token_ids")
 
     @property
     def selects(self) -> bool:

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from domain.errors import InvalidRequestError
 from domain.logprobs import MAX_SELECTED_IDS, LogprobOptions
 from domain.prompt_scores import PROMPT_ALTERNATIVES
+from domain.ranges import CHOICES, check_logprob_count, check_token_ids
 from domain.sampling import SamplingParams
 
-MAX_CHOICES = 16
 _SEED_MIX = 0x9E3779B97F4A7C15
 _SEED_MASK = (1 << 64) - 1
 
@@ -37,21 +37,14 @@ class GenerationRequest:
             raise ValueError("a prefill-only request must score its prompt")
         if not self.prompt_token_ids:
             raise InvalidRequestError("the prompt must contain at least one token", param="prompt")
-        if (
-            isinstance(self.n, bool)
-            or not isinstance(self.n, int)
-            or not 1 <= self.n <= MAX_CHOICES
-        ):
-            raise InvalidRequestError(f"n must be an integer from 1 to {MAX_CHOICES}", param="n")
+        if isinstance(self.n, bool) or not isinstance(self.n, int):
+            raise InvalidRequestError("`n` must be an integer.", param="n")
+        CHOICES.check(self.n, "n")
 
     def check_limits(self, vocab_size: int, max_model_len: int) -> None:
         """Rejects prompts the model cannot take, before admission."""
         prompt_len = len(self.prompt_token_ids)
-        bad = next((t for t in self.prompt_token_ids if not 0 <= t < vocab_size), None)
-        if bad is not None:
-            raise InvalidRequestError(
-                f"token ID {bad} is outside the vocabulary of {vocab_size}", param="prompt"
-            )
+        check_token_ids(self.prompt_token_ids, vocab_size, "prompt")
         self.params.check_token_ids(vocab_size)
         if prompt_len >= max_model_len:
             raise InvalidRequestError(
@@ -87,7 +80,7 @@ class GenerationRequest:
                 "(allow_logprobs is false)",
                 param="logprobs",
             )
-        _check_count("sample", options.top_k, min(max_logprobs, top_k), "logprobs")
+        check_logprob_count("sample", options.top_k, min(max_logprobs, top_k), "logprobs")
         ids = options.token_ids
         if not ids:
             return
@@ -129,21 +122,12 @@ class GenerationRequest:
                 param="prompt_logprobs",
             )
         limit = min(max_logprobs, PROMPT_ALTERNATIVES)
-        _check_count("prompt", self.prompt_logprobs, limit, "prompt_logprobs")
+        check_logprob_count("prompt", self.prompt_logprobs, limit, "prompt_logprobs")
 
     def choice_seed(self, index: int, fallback: int) -> int:
         """Seed of choice `index`: the request's seed for choice 0, mixed for the others."""
         base = fallback if self.params.seed is None else self.params.seed & _SEED_MASK
         return base if index == 0 else (base ^ (index * _SEED_MIX)) & _SEED_MASK
-
-
-def _check_count(kind: str, count: int, limit: int, param: str) -> None:
-    """vLLM's wording for an alternatives count outside 0..limit."""
-    if not 0 <= count <= limit:
-        raise InvalidRequestError(
-            f"Requested {kind} logprobs of {count}, which is greater than max allowed: {limit}",
-            param=param,
-        )
 
 
 def fresh_seed() -> int:

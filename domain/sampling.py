@@ -6,11 +6,11 @@ import math
 from dataclasses import dataclass, field
 
 from domain.errors import InvalidRequestError
+from domain.ranges import MIN_TOKENS, SEED, TOKEN_BUDGET, TOKEN_ID, TOP_K
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_LOGIT_BIAS_ENTRIES = 300
-_NO_TOP_K = (0, -1)
 
 
 def _require(condition: bool, message: str, param: str) -> None:
@@ -32,6 +32,7 @@ class SamplingParams:
 
     `max_tokens=None` means "up to the model length". `top_k` of 0 or -1 disables top-k.
     `logit_bias` is a tuple of (token_id, bias) pairs added to the logits before sampling.
+    Integer fields keep to the ranges of `domain.ranges`.
     """
 
     max_tokens: int | None = 16
@@ -52,15 +53,11 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = field(default=())
 
     def __post_init__(self) -> None:
-        if self.max_tokens is not None:
-            _require(self.max_tokens >= 1, "max_tokens must be at least 1", "max_tokens")
+        self._check_integers()
         _finite(self.temperature, "temperature")
         _require(self.temperature >= 0.0, "temperature must be non-negative", "temperature")
         _finite(self.top_p, "top_p")
         _require(0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]", "top_p")
-        _require(
-            self.top_k in _NO_TOP_K or self.top_k >= 1, "top_k must be -1, 0 or at least 1", "top_k"
-        )
         _finite(self.min_p, "min_p")
         _require(0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]", "min_p")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -73,10 +70,7 @@ class SamplingParams:
             "repetition_penalty must be in (0, 2]",
             "repetition_penalty",
         )
-        if self.seed is not None:
-            _require(-(2**63) <= self.seed < 2**64, "seed must fit in 64 bits", "seed")
         self._check_stops()
-        _require(self.min_tokens >= 0, "min_tokens must be non-negative", "min_tokens")
         if self.max_tokens is not None:
             _require(
                 self.min_tokens <= self.max_tokens,
@@ -84,6 +78,18 @@ class SamplingParams:
                 "min_tokens",
             )
         self._check_logit_bias()
+
+    def _check_integers(self) -> None:
+        # Ranges first: the rules after them may quote a value, which is then of bounded size.
+        if self.max_tokens is not None:
+            TOKEN_BUDGET.check(self.max_tokens, "max_tokens")
+        TOP_K.check(self.top_k, "top_k")
+        if self.seed is not None:
+            SEED.check(self.seed, "seed")
+        MIN_TOKENS.check(self.min_tokens, "min_tokens")
+        TOKEN_ID.check_each(self.stop_token_ids, "stop_token_ids")
+        for token_id, _ in self.logit_bias:
+            TOKEN_ID.check(token_id, "logit_bias", subject="each key of `logit_bias`")
 
     def _check_stops(self) -> None:
         _require(
@@ -97,11 +103,6 @@ class SamplingParams:
                 f"each stop string must have 1 to {MAX_STOP_STRING_CHARS} characters",
                 "stop",
             )
-        _require(
-            all(t >= 0 for t in self.stop_token_ids),
-            "stop_token_ids must be non-negative",
-            "stop_token_ids",
-        )
 
     def _check_logit_bias(self) -> None:
         _require(
@@ -109,8 +110,7 @@ class SamplingParams:
             f"logit_bias may have at most {MAX_LOGIT_BIAS_ENTRIES} entries",
             "logit_bias",
         )
-        for token_id, bias in self.logit_bias:
-            _require(token_id >= 0, "logit_bias keys must be token IDs", "logit_bias")
+        for _, bias in self.logit_bias:
             _finite(bias, "logit_bias")
             _require(
                 -100.0 <= bias <= 100.0, "logit_bias values must be in [-100, 100]", "logit_bias"

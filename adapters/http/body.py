@@ -7,6 +7,7 @@ from typing import Any
 
 import falcon.asgi
 
+from adapters.http.fields import decimal_int
 from domain.errors import InvalidRequestError, PayloadTooLargeError
 
 
@@ -17,7 +18,7 @@ async def read_json(req: falcon.asgi.Request, max_bytes: int) -> Any:
     if len(raw) > max_bytes:
         raise PayloadTooLargeError(f"the request body exceeds {max_bytes} bytes")
     try:
-        return json.loads(raw)
+        return json.loads(raw, parse_int=decimal_int)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise InvalidRequestError(f"the request body is not valid JSON: {error}") from None
     except RecursionError:

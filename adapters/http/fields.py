@@ -7,9 +7,15 @@ from typing import Any
 
 from domain.errors import InvalidRequestError
 
+# Python refuses to convert decimal literals of more than 4300 digits (a ValueError: once a 500).
+# Longer ones saturate at ±10**400: outside every integer range of the API, and past float range,
+# so a number field reads them as infinite, as it reads 10**400 itself.
+_MAX_DIGITS = 400
+_SATURATED = 10**_MAX_DIGITS
 
-def _fail(name: str, kind: str) -> InvalidRequestError:
-    return InvalidRequestError(f"`{name}` must be {kind}.", param=name)
+
+def _fail(name: str, kind: str, param: str | None = None) -> InvalidRequestError:
+    return InvalidRequestError(f"`{name}` must be {kind}.", param=param or name)
 
 
 def read_object(body: Any) -> dict:
@@ -18,12 +24,13 @@ def read_object(body: Any) -> dict:
     return body
 
 
-def read_bool(body: dict, name: str, default: bool) -> bool:
+def read_bool(body: dict, name: str, default: bool, *, within: str | None = None) -> bool:
+    """`within` names the object that holds the field, which is then the error's `param`."""
     value = body.get(name)
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise _fail(name, "a boolean")
+        raise _fail(f"{within}.{name}" if within else name, "a boolean", within)
     return value
 
 
@@ -87,14 +94,18 @@ def read_logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
         # int() alone would also take " 7", "+7", "1_0" and non-ASCII digits as token IDs.
         if not (key.isascii() and key.isdigit()):
             raise _fail("logit_bias", "an object mapping token IDs to numbers")
-        try:
-            token_id = int(key)
-        except ValueError:  # more digits than Python converts
-            raise _fail("logit_bias", "an object mapping token IDs to numbers") from None
+        token_id = decimal_int(key)
         if isinstance(bias, bool) or not isinstance(bias, (int, float)):
             raise _fail("logit_bias", "an object mapping token IDs to numbers")
         pairs.append((token_id, _to_float(bias)))
     return tuple(pairs)
+
+
+def decimal_int(literal: str) -> int:
+    """The integer of an ASCII decimal literal (optionally signed), saturated at ±10**400."""
+    if len(literal.lstrip("+-")) <= _MAX_DIGITS:
+        return int(literal)
+    return -_SATURATED if literal.startswith("-") else _SATURATED
 
 
 def is_text(value: Any) -> bool:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from adapters.http.engine_bridge import RequestGroup
 from adapters.http.serving import ServedModel
-from domain.errors import NotFoundError, RequestFailedError
+from domain.errors import RequestFailedError
 from domain.jobs import GenerationJob
 from domain.logprob_presentation import TokenRendering
 from domain.outputs import ChoiceDelta, PromptScores, RequestEnd, Usage
@@ -20,8 +20,7 @@ from domain.requests import GenerationRequest
 
 def start(job: GenerationJob, served: ServedModel, prefix: str) -> ResponseHeader:
     """Checks the model name and stamps the response header."""
-    if job.model is not None and job.model != served.name:
-        raise NotFoundError(f"The model `{job.model}` does not exist.", param="model")
+    served.check_model(job.model)
     return ResponseHeader(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), served.name)
 
 

@@ -19,7 +19,13 @@ from adapters.http.fields import (
 )
 from domain.errors import InvalidRequestError
 from domain.jobs import GenerationJob, Prompt, StreamOptions
-from domain.logprobs import LogprobOptions
+from domain.logprobs import NATURAL_TOP_K, LogprobOptions
+from domain.ranges import (
+    COMPLETION_MAX_TOKENS,
+    TOKEN_BUDGET,
+    check_logprob_count,
+    check_token_ids,
+)
 from domain.sampling import SamplingParams
 
 _ROLES = ("system", "user", "assistant", "developer", "tool")
@@ -41,9 +47,10 @@ class _Tokenizer(Protocol):
 def completion_job(raw: Any, tokenizer: _Tokenizer) -> GenerationJob:
     body = read_object(raw)
     max_tokens = read_int(body, "max_tokens", 16)
+    # Checked before SamplingParams, whose budget starts at 1: the 400 gives completions' own
+    # range, which has 0 (echo only).
+    COMPLETION_MAX_TOKENS.check(max_tokens, "max_tokens")
     top_k = read_int(body, "logprobs", None)
-    if top_k is not None and top_k < 0:
-        raise InvalidRequestError("`logprobs` must be a positive value or 0.", param="logprobs")
     return _job(
         body,
         _completion_prompts(body.get("prompt"), tokenizer),
@@ -57,10 +64,8 @@ def chat_job(raw: Any, tokenizer: _Tokenizer) -> GenerationJob:
     body = read_object(raw)
     wants = read_bool(body, "logprobs", False)
     top_k = read_int(body, "top_logprobs", None)
-    if top_k is not None and top_k < 0:
-        raise InvalidRequestError(
-            "`top_logprobs` must be a positive value or 0.", param="top_logprobs"
-        )
+    if top_k is not None:
+        check_logprob_count("sample", top_k, NATURAL_TOP_K, "top_logprobs")
     if top_k and not wants:
         raise InvalidRequestError(
             "when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs"
@@ -74,13 +79,18 @@ def chat_job(raw: Any, tokenizer: _Tokenizer) -> GenerationJob:
         raise InvalidRequestError(f"the chat template failed: {error}", param="messages") from None
     prompt = Prompt(tuple(tokenizer.encode(text, add_special_tokens=False)), text)
     # Both budgets are read, so a bad value in the one that loses is still a 400.
-    legacy_max_tokens = read_int(body, "max_tokens", None)
-    if legacy_max_tokens is not None and legacy_max_tokens < 1:
-        raise InvalidRequestError("`max_tokens` must be at least 1.", param="max_tokens")
-    max_tokens = read_int(body, "max_completion_tokens", None)
+    legacy_max_tokens = _token_budget(body, "max_tokens")
+    max_tokens = _token_budget(body, "max_completion_tokens")
     if max_tokens is None:
         max_tokens = legacy_max_tokens
     return _job(body, (prompt,), max_tokens, echo=False, logprobs=logprobs)
+
+
+def _token_budget(body: dict, name: str) -> int | None:
+    budget = read_int(body, name, None)
+    if budget is not None:
+        TOKEN_BUDGET.check(budget, name)
+    return budget
 
 
 def _job(
@@ -91,11 +101,10 @@ def _job(
     echo: bool,
     logprobs: LogprobOptions | None,
 ) -> GenerationJob:
-    if max_tokens is not None and max_tokens < 0:
-        raise InvalidRequestError("max_tokens must be non-negative", param="max_tokens")
     n = read_int(body, "n", 1)
     stream = read_bool(body, "stream", False)
     params = SamplingParams(
+        # An echo-only request (0) generates nothing, but its sampling settings stay valid.
         max_tokens=None if max_tokens is None else max(max_tokens, 1),
         temperature=read_float(body, "temperature", 1.0),
         top_p=read_float(body, "top_p", 1.0),
@@ -151,7 +160,8 @@ def _stream_options(body: dict) -> StreamOptions | None:
     if not isinstance(raw, dict):
         raise InvalidRequestError("`stream_options` must be an object.", param="stream_options")
     return StreamOptions(
-        read_bool(raw, "include_usage", False), read_bool(raw, "continuous_usage_stats", False)
+        read_bool(raw, "include_usage", False, within="stream_options"),
+        read_bool(raw, "continuous_usage_stats", False, within="stream_options"),
     )
 
 
@@ -183,30 +193,50 @@ def _text_prompt(text: str, tokenizer: _Tokenizer) -> Prompt:
 
 
 def _token_prompt(token_ids: list[int], tokenizer: _Tokenizer) -> Prompt:
-    bad = next((t for t in token_ids if not 0 <= t < tokenizer.vocab_size), None)
-    if bad is not None:
-        raise InvalidRequestError(
-            f"token ID {bad} is outside the vocabulary of {tokenizer.vocab_size}", param="prompt"
-        )
+    check_token_ids(token_ids, tokenizer.vocab_size, "prompt")
     return Prompt(tuple(token_ids), tokenizer.decode(token_ids, skip_special_tokens=False))
 
 
 def _messages(raw: Any) -> list[dict]:
     if not isinstance(raw, list) or not raw:
         raise InvalidRequestError("`messages` must be a non-empty list", param="messages")
-    messages = []
-    for message in raw:
-        if not isinstance(message, dict) or message.get("role") not in _ROLES:
-            raise InvalidRequestError(
-                f"each message needs a role, one of {', '.join(_ROLES)}", param="messages"
-            )
-        messages.append({"role": message["role"], "content": _content(message.get("content"))})
-    return messages
+    return [_message(message) for message in raw]
+
+
+def _message(raw: Any) -> dict:
+    """A message as the chat template sees it: role and text content.
+
+    As in OpenAI's API, only an assistant message that carries `tool_calls` may leave `content`
+    out or null. Tool calls are not served, so the template never sees them.
+    """
+    if not isinstance(raw, dict) or raw.get("role") not in _ROLES:
+        raise InvalidRequestError(
+            f"each message needs a role, one of {', '.join(_ROLES)}", param="messages"
+        )
+    role, content = raw["role"], raw.get("content")
+    has_tool_calls = _tool_calls(raw.get("tool_calls"))
+    if content is None and not (role == "assistant" and has_tool_calls):
+        raise InvalidRequestError(
+            f"a {role} message needs `content`; only an assistant message with `tool_calls` "
+            "may leave it out",
+            param="messages",
+        )
+    return {"role": role, "content": "" if content is None else _content(content)}
+
+
+def _tool_calls(raw: Any) -> bool:
+    """Whether a message carries tool calls; `tool_calls` is absent, null or a non-empty list of
+    objects."""
+    if raw is None:
+        return False
+    if not isinstance(raw, list) or not raw or not all(isinstance(c, dict) for c in raw):
+        raise InvalidRequestError(
+            "`tool_calls` must be a non-empty list of objects", param="messages"
+        )
+    return True
 
 
 def _content(raw: Any) -> str:
-    if raw is None:
-        return ""
     if is_text(raw):
         return raw
     if isinstance(raw, list):

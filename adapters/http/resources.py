@@ -11,9 +11,10 @@ import yaml
 from adapters.http.body import read_json
 from adapters.http.fields import read_bool, read_int_list, read_object, read_str
 from adapters.http.parsing import chat_job
-from adapters.http.serving import HttpSettings, ModelHolder
+from adapters.http.serving import HttpSettings, ModelHolder, ServedModel
 from domain.errors import InvalidRequestError
 from domain.presentation import model_list
+from domain.ranges import check_token_ids
 
 
 class ModelsResource:
@@ -51,22 +52,24 @@ class TokenizeResource:
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         served = self._holder.served
         body = read_object(await read_json(req, self._settings.max_body_bytes))
-        if "messages" in body:
-            tokens = list(
-                chat_job({**body, "max_tokens": 1}, served.tokenizer).prompts[0].token_ids
-            )
-        else:
-            prompt = read_str(body, "prompt", None)
-            if prompt is None:
-                raise InvalidRequestError("`prompt` or `messages` is required", param="prompt")
-            add_special = read_bool(body, "add_special_tokens", True)
-            tokens = served.tokenizer.encode(prompt, add_special_tokens=add_special)
+        tokens = _tokenize(body, served)
+        served.check_model(read_str(body, "model", None))
         resp.media = {
             "count": len(tokens),
             "max_model_len": served.engine.max_model_len,
             "tokens": tokens,
             "token_strs": None,
         }
+
+
+def _tokenize(body: dict, served: ServedModel) -> list[int]:
+    if "messages" in body:
+        return list(chat_job({**body, "max_tokens": 1}, served.tokenizer).prompts[0].token_ids)
+    prompt = read_str(body, "prompt", None)
+    if prompt is None:
+        raise InvalidRequestError("`prompt` or `messages` is required", param="prompt")
+    add_special = read_bool(body, "add_special_tokens", True)
+    return served.tokenizer.encode(prompt, add_special_tokens=add_special)
 
 
 class DetokenizeResource:
@@ -80,12 +83,8 @@ class DetokenizeResource:
         if body.get("tokens") is None:
             raise InvalidRequestError("`tokens` is required", param="tokens")
         tokens = read_int_list(body, "tokens")
-        vocab_size = served.tokenizer.vocab_size
-        bad = next((t for t in tokens if not 0 <= t < vocab_size), None)
-        if bad is not None:
-            raise InvalidRequestError(
-                f"token ID {bad} is outside the vocabulary of {vocab_size}", param="tokens"
-            )
+        check_token_ids(tokens, served.tokenizer.vocab_size, "tokens")
+        served.check_model(read_str(body, "model", None))
         resp.media = {"prompt": served.tokenizer.decode(tokens, skip_special_tokens=False)}
 
 

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from domain.errors import NotReadyError
+from domain.errors import NotFoundError, NotReadyError
 from ports.engine_client import EngineClient
 from ports.tokenizer import Tokenizer
 
@@ -22,6 +22,11 @@ class ServedModel:
     allow_logprobs: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
     stop: Callable[[], None] = lambda: None
+
+    def check_model(self, name: str | None) -> None:
+        """A request may name the served model or none; any other name is a 404, as in vLLM."""
+        if name is not None and name != self.name:
+            raise NotFoundError(f"The model `{name}` does not exist.", param="model")
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import http.client
 import itertools
+import json
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -389,6 +392,68 @@ def test_the_right_api_key_is_served(keyed_server: RunningServer) -> None:
 
     assert response.usage.completion_tokens >= 1
     assert response.choices[0].finish_reason in {"length", "stop"}
+
+
+KEYED_ROUTES = [
+    ("POST", "/tokenize", {"prompt": PROMPT}),
+    ("POST", "/detokenize", {"tokens": [5, 6, 7]}),
+    ("GET", "/openapi.json", None),
+    ("GET", "/v1/models", None),
+]
+WRONG_AUTHORIZATIONS = {
+    "none": None,
+    "wrong key": "Bearer wrong",
+    "empty bearer": "Bearer ",
+    "basic scheme": "Basic secret",
+    "no scheme": "secret",
+}
+
+
+def call_keyed(
+    server: RunningServer, method: str, path: str, body: dict | None, authorization: str | None
+) -> tuple[int, dict]:
+    """Status and JSON body; http.client, since httpx2 refuses the empty bearer's trailing space."""
+    address = urllib.parse.urlsplit(server.base_url)
+    connection = http.client.HTTPConnection(
+        address.hostname, address.port, timeout=CLIENT_TIMEOUT_S
+    )
+    headers = {"Content-Type": "application/json"}
+    if authorization is not None:
+        headers["Authorization"] = authorization
+    try:
+        connection.request(method, path, None if body is None else json.dumps(body), headers)
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize("authorization", WRONG_AUTHORIZATIONS.values(), ids=WRONG_AUTHORIZATIONS)
+@pytest.mark.parametrize(("method", "path", "body"), KEYED_ROUTES)
+def test_every_route_but_health_refuses_a_request_without_the_right_key(
+    keyed_server: RunningServer,
+    method: str,
+    path: str,
+    body: dict | None,
+    authorization: str | None,
+) -> None:
+    status, answer = call_keyed(keyed_server, method, path, body, authorization)
+
+    assert status == 401, answer
+    assert set(answer["error"]) == {"message", "type", "param", "code"}
+    assert answer["error"]["type"] == "AuthenticationError" and answer["error"]["code"] == 401
+
+
+def test_tokenize_and_detokenize_answer_with_the_right_key(keyed_server: RunningServer) -> None:
+    right = "Bearer secret"
+
+    status, tokens = call_keyed(keyed_server, "POST", "/tokenize", {"prompt": PROMPT}, right)
+    detokenized, text = call_keyed(
+        keyed_server, "POST", "/detokenize", {"tokens": tokens["tokens"]}, right
+    )
+
+    assert status == 200 and tokens["count"] > 0
+    assert detokenized == 200 and PROMPT in text["prompt"]
 
 
 def test_health_needs_no_api_key(keyed_server: RunningServer) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.http.conftest import MAX_MODEL_LEN
+from tests.integration.http.conftest import MAX_MODEL_LEN, MODEL_NAME
 
 ENVELOPE_KEYS = {"message", "type", "param", "code"}
 
@@ -174,3 +174,148 @@ def test_min_tokens_beyond_the_room_left_in_the_model_is_a_400(client):
     )
 
     assert_error(result, 400, "min_tokens")
+
+
+def _post_raw(client, path: str, body: str):
+    # Built as text: Python cannot even print integers of more than 4300 digits.
+    return client.simulate_post(path, body=body, headers={"content-type": "application/json"})
+
+
+@pytest.mark.parametrize(
+    ("path", "template", "param"),
+    [
+        ("/v1/completions", '{"prompt": "x", "max_tokens": %s}', "max_tokens"),
+        ("/v1/completions", '{"prompt": "x", "seed": %s}', "seed"),
+        ("/v1/completions", '{"prompt": "x", "n": %s}', "n"),
+        ("/v1/completions", '{"prompt": "x", "top_k": %s}', "top_k"),
+        ("/v1/completions", '{"prompt": "x", "min_tokens": %s}', "min_tokens"),
+        ("/v1/completions", '{"prompt": "x", "logprobs": %s}', "logprobs"),
+        ("/v1/completions", '{"prompt": "x", "prompt_logprobs": %s}', "prompt_logprobs"),
+        ("/v1/completions", '{"prompt": [5, %s]}', "prompt"),
+        ("/v1/completions", '{"prompt": "x", "stop_token_ids": [%s]}', "stop_token_ids"),
+        ("/v1/completions", '{"prompt": "x", "logit_bias": {"%s": 1}}', "logit_bias"),
+        ("/v1/completions", '{"prompt": "x", "temperature": %s}', "temperature"),
+        (
+            "/v1/completions",
+            '{"prompt": "x", "logprobs": 1, "logprob_token_ids": [%s]}',
+            "logprob_token_ids",
+        ),
+        (
+            "/v1/chat/completions",
+            '{"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": %s}',
+            "max_completion_tokens",
+        ),
+        (
+            "/v1/chat/completions",
+            '{"messages": [{"role": "user", "content": "x"}], "logprobs": true, '
+            '"top_logprobs": %s}',
+            "top_logprobs",
+        ),
+        ("/detokenize", '{"tokens": [%s]}', "tokens"),
+    ],
+)
+@pytest.mark.parametrize("digits", [5_000, 100_000])
+def test_an_integer_of_thousands_of_digits_is_a_400_naming_the_field(
+    client, path, template, param, digits
+):
+    result = _post_raw(client, path, template % ("9" * digits))
+
+    assert_error(result, 400, param)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("top_k", 1e300), ("max_tokens", 2.5), ("n", 1e300), ("seed", 1e300), ("min_tokens", 0.5)],
+)
+def test_a_huge_or_fractional_float_in_an_integer_field_is_a_400(client, field, value):
+    result = client.simulate_post("/v1/completions", json={"prompt": "x", field: value})
+
+    assert_error(result, 400, field)
+
+
+@pytest.mark.parametrize("seed", [2**63, -(2**63) - 1, 2**64 - 1])
+def test_a_seed_outside_signed_64_bits_is_a_400(client, seed):
+    result = client.simulate_post("/v1/completions", json={"prompt": "x", "seed": seed})
+
+    assert (
+        "-9223372036854775808 to 9223372036854775807"
+        in assert_error(result, 400, "seed")["message"]
+    )
+
+
+@pytest.mark.parametrize("seed", [2**63 - 1, -(2**63)])
+def test_a_seed_at_either_end_of_signed_64_bits_is_served(client, seed):
+    body = {"prompt": "x", "seed": seed, "max_tokens": 2}
+
+    assert client.simulate_post("/v1/completions", json=body).status_code == 200
+
+
+@pytest.mark.parametrize("role", ["user", "system", "developer", "tool", "assistant"])
+@pytest.mark.parametrize("content", [{}, {"content": None}], ids=["absent", "null"])
+def test_a_message_without_content_is_a_400(client, role, content):
+    messages = [{"role": "user", "content": "hi"}, {"role": role, **content}]
+
+    result = client.simulate_post("/v1/chat/completions", json={"messages": messages})
+
+    assert "needs `content`" in assert_error(result, 400, "messages")["message"]
+
+
+TOOL_CALLS = [{"id": "call-1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+
+
+@pytest.mark.parametrize("content", [{}, {"content": None}], ids=["absent", "null"])
+def test_an_assistant_message_with_tool_calls_may_leave_content_out(client, content):
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "tool_calls": TOOL_CALLS, **content},
+        {"role": "user", "content": "and then?"},
+    ]
+
+    result = client.simulate_post(
+        "/v1/chat/completions", json={"messages": messages, "max_tokens": 2}
+    )
+
+    assert result.status_code == 200, result.text
+
+
+def test_tool_calls_are_kept_out_of_the_chat_template(client):
+    with_calls = [{"role": "assistant", "content": "ok", "tool_calls": TOOL_CALLS}]
+    without = [{"role": "assistant", "content": "ok"}]
+
+    tokens = [
+        client.simulate_post("/tokenize", json={"messages": messages}).json["tokens"]
+        for messages in (with_calls, without)
+    ]
+
+    assert tokens[0] == tokens[1]
+
+
+@pytest.mark.parametrize("tool_calls", [[], "call", [1], {"id": "x"}])
+def test_malformed_tool_calls_are_a_400(client, tool_calls):
+    messages = [{"role": "assistant", "content": "ok", "tool_calls": tool_calls}]
+
+    result = client.simulate_post("/v1/chat/completions", json={"messages": messages})
+
+    assert_error(result, 400, "messages")
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/tokenize", {"prompt": "hi"}),
+        ("/tokenize", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("/detokenize", {"tokens": [5]}),
+    ],
+)
+def test_tokenize_and_detokenize_refuse_an_unknown_model_as_v1_routes_do(client, path, body):
+    unknown = client.simulate_post(path, json={**body, "model": "gpt-9"})
+    served = client.simulate_post(path, json={**body, "model": MODEL_NAME})
+
+    error = assert_error(unknown, 404, "model")
+    assert error == {
+        "message": "The model `gpt-9` does not exist.",
+        "type": "NotFoundError",
+        "param": "model",
+        "code": 404,
+    }
+    assert served.status_code == 200

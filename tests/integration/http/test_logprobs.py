@@ -256,7 +256,7 @@ def test_bad_completion_logprob_requests_are_a_400(client, body, param):
     ("body", "param"),
     [
         ({"top_logprobs": 2}, "top_logprobs"),
-        ({"logprobs": True, "top_logprobs": 21}, "logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
         ({"logprobs": "yes"}, "logprobs"),
         ({"logprob_token_ids": [1]}, "logprob_token_ids"),
