@@ -1,37 +1,185 @@
-"""Which emitted tokens of a record get logprob entries, and whether the payload agrees."""
+"""Which emitted tokens of a choice get logprob entries: the per-choice emission state machine."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+from domain.detokenizer import IncrementalDetokenizer
+from domain.errors import LogprobDataError
 from domain.logprobs import PositionLogprobs
-from domain.prompt_scores import PromptScore
-from domain.records import CompletionRecord
+from domain.outputs import ChoiceDelta, LogprobEntry
+from domain.records import CompletionRecord, Finish
+from domain.sampling import SamplingParams
+from domain.stops import StopStringMatcher
+
+if TYPE_CHECKING:  # the domain drives ports but never needs them at run time
+    from ports.tokenizer import Tokenizer
 
 
-class LogprobDataError(Exception):
-    """The frame's payload for a requesting lane is missing or disagrees with its record."""
+class ChoiceEmission:
+    """The emission state machine of one choice: records in, released text and entries out.
+
+    Each record's emitted tokens pass through the incremental decoder, then the stop-string
+    hold-back. The rules for logprob entries, all of them here:
+    - A requesting choice's payload has one position per emitted token, naming that token
+      (`LogprobDataError` otherwise); a forced token (the record's forced mask) has no entry.
+    - A terminating stop token (EOS or a `stop_token_ids` entry) stays in `token_ids` but adds
+      text only with `include_stop_str_in_output`, and has no entry; an EOS under `ignore_eos`
+      is an ordinary token and keeps its entry in order.
+    - A stop string ends the choice at the token whose text completes it; later tokens of the
+      record are dropped, and only tokens whose text starts before the stop keep entries.
+    - With `echo` every kept token that is not forced has an entry, the terminating stop token
+      and the tokens at or after a stop string included, at an offset no later than the end of
+      the text: echo arrays are indexed by position (prompt entries, then completion tokens).
+    - Entries are released with their token's first character (text held back while a stop may
+      be forming holds its entries too), so streamed entries concatenate to the whole result.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        params: SamplingParams,
+        tokenizer: Tokenizer,
+        *,
+        logprobs: bool = False,
+        echo: bool = False,
+    ) -> None:
+        self._index = index
+        self._params = params
+        self._logprobs = logprobs
+        self._echo = echo
+        self._eos = tokenizer.eos_token_ids
+        self._decoder = IncrementalDetokenizer(
+            tokenizer.token_bytes,
+            special_token_ids=tokenizer.special_token_ids,
+            skip_special_tokens=params.skip_special_tokens,
+            strip_leading_space=tokenizer.strips_leading_space,
+        )
+        self._matcher = StopStringMatcher(
+            params.stop, include_stop_str_in_output=params.include_stop_str_in_output
+        )
+        self._released = 0
+        self._pending: deque[LogprobEntry] = deque()
+        self.finished = False
+        self.num_tokens = 0
+
+    def advance(
+        self, record: CompletionRecord, payload: Sequence[PositionLogprobs] | None = None
+    ) -> ChoiceDelta:
+        """Consumes one record's emitted tokens and returns the delta they release.
+
+        `payload` is the lane's decoded positions; only a choice that requested logprobs reads
+        it, and for such a choice a record that emits must carry one.
+        """
+        positions = None
+        if self._logprobs and record.emits:
+            if payload is None:
+                raise LogprobDataError(
+                    f"slot {record.slot}: logprobs were requested but the frame carries none"
+                )
+            positions = _entries(record, payload)
+        return self._advance(record.tokens, record.finish, positions)
+
+    def end(self) -> ChoiceDelta:
+        """Ends a choice that has nothing (more) to emit, such as a prompt-only echo."""
+        return self._advance((), Finish.LENGTH, None)
+
+    def abort(self, reason: str) -> ChoiceDelta:
+        self.finished = True
+        return ChoiceDelta(self._index, finish_reason=reason)
+
+    def _advance(
+        self,
+        tokens: Sequence[int],
+        finish: Finish,
+        positions: Sequence[PositionLogprobs | None] | None,
+    ) -> ChoiceDelta:
+        text: list[str] = []
+        kept: list[int] = []
+        for index, token_id in enumerate(tokens):
+            kept.append(token_id)
+            position = positions[index] if positions is not None else None
+            if index == len(tokens) - 1 and finish is Finish.STOP_TOKEN:
+                entry = position if self._echo else None
+                if self._params.include_stop_str_in_output:
+                    text.append(self._feed(self._decoder.push(token_id), entry))
+                    entry = None
+                return self._end(text, kept, "stop", self._stop_reason(token_id), last=entry)
+            text.append(self._feed(self._decoder.push(token_id), position))
+            if self._matcher.stop is not None:
+                return self._end(text, kept, "stop", self._matcher.stop, drain=False)
+        if finish is Finish.LENGTH:
+            return self._end(text, kept, "length", None)
+        self.num_tokens += len(kept)
+        return ChoiceDelta(self._index, "".join(text), tuple(kept), logprobs=self._release())
+
+    def _feed(self, new_text: str, position: PositionLogprobs | None) -> str:
+        """Queues the token's entry at its text offset, then passes its text through the stops."""
+        if position is not None:
+            offset = self._decoder.offset(self._decoder.num_tokens - 1)
+            self._pending.append(LogprobEntry(position, offset))
+        released = self._matcher.feed(new_text).text
+        self._released += len(released)
+        return released
+
+    def _release(self, *, everything: bool = False) -> tuple[LogprobEntry, ...]:
+        entries = []
+        while self._pending and (everything or self._pending[0].text_offset < self._released):
+            entries.append(self._pending.popleft())
+        return tuple(entries)
+
+    def _stop_reason(self, token_id: int) -> int | None:
+        eos_only = token_id in self._eos and token_id not in self._params.stop_token_ids
+        return None if eos_only else token_id
+
+    def _end(
+        self,
+        text: list[str],
+        kept: list[int],
+        reason: str,
+        stop_reason: str | int | None,
+        *,
+        drain: bool = True,
+        last: PositionLogprobs | None = None,
+    ) -> ChoiceDelta:
+        """Ends the choice; `last` is an echoed stop token's entry, placed at the text's end."""
+        if drain:
+            text.append(self._feed(self._decoder.flush(), None))
+            if self._matcher.stop is not None:
+                reason, stop_reason = "stop", self._matcher.stop
+            else:
+                tail = self._matcher.finish()
+                self._released += len(tail)
+                text.append(tail)
+        if last is not None:
+            self._pending.append(LogprobEntry(last, self._released))
+        # After a stop string only tokens that start before it keep entries; otherwise all do.
+        entries = self._release(everything=self._echo or self._matcher.stop is None)
+        if self._echo:
+            entries = tuple(_at_most(entry, self._released) for entry in entries)
+        self._pending.clear()
+        self.finished = True
+        self.num_tokens += len(kept)
+        return ChoiceDelta(self._index, "".join(text), tuple(kept), reason, stop_reason, entries)
 
 
-def record_positions(
-    record: CompletionRecord, positions: tuple[PositionLogprobs, ...] | None
+def _entries(
+    record: CompletionRecord, payload: Sequence[PositionLogprobs]
 ) -> tuple[PositionLogprobs | None, ...]:
-    """One entry per emitted token, None for forced tokens (they have no logprob entry).
+    """One entry per emitted token, None for forced tokens; the payload must agree.
 
-    The record decides what is meaningful: a requesting lane must carry exactly one decoded
+    The record decides what is meaningful: a requesting lane carries exactly one decoded
     position per emitted token, each naming the emitted token as its chosen ID.
     """
-    if positions is None:
+    if len(payload) != len(record.tokens):
         raise LogprobDataError(
-            f"slot {record.slot}: logprobs were requested but the frame carries none"
-        )
-    if len(positions) != len(record.tokens):
-        raise LogprobDataError(
-            f"slot {record.slot}: {len(positions)} logprob positions for "
+            f"slot {record.slot}: {len(payload)} logprob positions for "
             f"{len(record.tokens)} emitted tokens"
         )
     entries: list[PositionLogprobs | None] = []
-    for index, (token_id, position) in enumerate(zip(record.tokens, positions, strict=True)):
+    for index, (token_id, position) in enumerate(zip(record.tokens, payload, strict=True)):
         if record.is_forced(index):
             entries.append(None)
             continue
@@ -44,31 +192,9 @@ def record_positions(
     return tuple(entries)
 
 
-def new_prompt_scores(
-    prompt: Sequence[int],
-    scored_rows: int,
-    chunk_start: int,
-    rows: Sequence[PromptScore | None] | None,
-) -> tuple[PromptScore, ...]:
-    """The scores of a scored lane's chunk not yet published, in position order.
-
-    Row r of the prompt scores position r + 1; rows before `scored_rows` were published before
-    a preemption and are skipped, the row at the prompt end has no score. Every other row must
-    carry a score naming its prompt token.
-    """
-    if rows is None:
-        raise LogprobDataError("a scored lane's frame carries no prompt scores")
-    fresh = []
-    for offset, score in enumerate(rows):
-        row = chunk_start + offset
-        if row < scored_rows or row >= len(prompt) - 1:
-            continue
-        if row != scored_rows + len(fresh):
-            raise LogprobDataError(f"prompt row {row} arrives before row {scored_rows}")
-        if score is None or score.token_id != prompt[row + 1]:
-            named = "no score" if score is None else f"token {score.token_id}"
-            raise LogprobDataError(
-                f"prompt row {row} carries {named} where the prompt has token {prompt[row + 1]}"
-            )
-        fresh.append(score)
-    return tuple(fresh)
+def _at_most(entry: LogprobEntry, end: int) -> LogprobEntry:
+    """The entry with its offset clamped to `end`: a token after a stop string's start has no
+    text of its own, so it points at the end of the text."""
+    if entry.text_offset <= end:
+        return entry
+    return LogprobEntry(entry.position, end)

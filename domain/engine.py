@@ -10,18 +10,20 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from domain.channel import OutputChannel
-from domain.choice import ChoiceText
-from domain.emission import LogprobDataError, new_prompt_scores, record_positions
-from domain.errors import OverloadedError
+from domain.commit import min_tokens_ban, stop_token_ids
+from domain.emission import ChoiceEmission
+from domain.errors import LogprobDataError, OverloadedError
 from domain.logprobs import PositionLogprobs
-from domain.outputs import PromptScores, RequestEnd, Usage
-from domain.records import CompletionRecord, Finish
+from domain.outputs import ChoiceDelta, PromptScores, RequestEnd, Usage
+from domain.prompt_scores import new_prompt_scores
+from domain.records import CompletionRecord
 from domain.requests import GenerationRequest, fresh_seed
 from domain.scheduler import Scheduler, SchedulerConfig
 from domain.sequence import Sequence
+from domain.step import FrameResult
 
 if TYPE_CHECKING:  # the domain drives ports but never needs them at run time
-    from ports.executor import FrameResult, ModelExecutor
+    from ports.executor import ModelExecutor
     from ports.tokenizer import Tokenizer
 
 _log = logging.getLogger(__name__)
@@ -42,7 +44,7 @@ class EngineConfig:
 class _Request:
     request: GenerationRequest
     channel: OutputChannel
-    choices: list[ChoiceText]
+    choices: list[ChoiceEmission]
     sequences: list[Sequence]
     # Choices held back until choice 0 has scored the prompt, so every choice's first output
     # comes after the whole prompt's scores.
@@ -146,19 +148,11 @@ class Engine:
                 continue
             if plan.scored and not self._publish_scores(entry, sequence, record, result, lane):
                 continue
-            if not record.emits:
-                if sequence.remaining < 1 and sequence.prefill_done:
-                    self._emit(entry, sequence, record)  # a prefill-only choice ends here
-                continue
-            positions = None
-            if sequence.logprobs is not None:
-                try:
-                    lane_data = result.logprobs[lane] if result.logprobs else None
-                    positions = record_positions(record, lane_data)
-                except LogprobDataError as error:
-                    self._fail(entry, str(error))
-                    continue
-            self._emit(entry, sequence, record, positions)
+            if record.emits:
+                self._emit(entry, sequence, record, result.lane_logprobs(lane))
+            elif sequence.remaining < 1 and sequence.prefill_done:
+                # A prefill-only choice (echo with nothing to generate) ends with its prompt.
+                self._deliver(entry, sequence, entry.choices[sequence.index].end())
 
     def _publish_scores(
         self,
@@ -191,7 +185,7 @@ class Engine:
                 self._scheduler.add(sequence)
                 continue
             self._scheduler.finish(sequence)
-            entry.channel.put(entry.choices[sequence.index].advance((), Finish.LENGTH))
+            entry.channel.put(entry.choices[sequence.index].end())
         if deferred and entry.done:
             self._close(entry)
 
@@ -206,19 +200,23 @@ class Engine:
         entry: _Request,
         sequence: Sequence,
         record: CompletionRecord,
-        positions: tuple[PositionLogprobs | None, ...] | None = None,
+        payload: tuple[PositionLogprobs, ...] | None,
     ) -> None:
-        choice = entry.choices[sequence.index]
-        tokens = record.tokens
-        finish = record.finish if tokens else Finish.LENGTH
+        """Runs the record through the choice's emission machine; the kept tokens become the
+        sequence's outputs."""
         try:
-            delta = choice.advance(tokens, finish, positions)
+            delta = entry.choices[sequence.index].advance(record, payload)
+        except LogprobDataError as error:
+            self._fail(entry, str(error))
+            return
         except Exception as error:  # noqa: BLE001 - one broken request must not stop the engine
             _log.exception("emission failed")
             self._fail(entry, f"output processing failed: {error}")
             return
-        if len(delta.token_ids) < len(tokens):
-            del sequence.outputs[len(sequence.outputs) - len(tokens) + len(delta.token_ids) :]
+        self._scheduler.extend(sequence, delta.token_ids)
+        self._deliver(entry, sequence, delta)
+
+    def _deliver(self, entry: _Request, sequence: Sequence, delta: ChoiceDelta) -> None:
         if delta.finished:
             self._scheduler.finish(sequence)
         if delta.text or delta.token_ids or delta.finished or delta.logprobs:
@@ -252,10 +250,7 @@ class Engine:
         max_tokens = limit if params.max_tokens is None else min(params.max_tokens, limit)
         if request.prefill_only:
             max_tokens = 0
-        stops = frozenset(params.stop_token_ids)
-        if not params.ignore_eos:
-            stops |= self._tokenizer.eos_token_ids
-        banned = tuple(sorted(stops | self._tokenizer.eos_token_ids))
+        eos = self._tokenizer.eos_token_ids
         sequences = [
             Sequence(
                 request_id=request.request_id,
@@ -264,8 +259,8 @@ class Engine:
                 params=params,
                 seed=request.choice_seed(index, fallback),
                 max_tokens=max_tokens,
-                stop_token_ids=stops,
-                banned_until_min_tokens=banned,
+                stop_token_ids=stop_token_ids(params, eos),
+                banned_until_min_tokens=min_tokens_ban(params, eos),
                 arrival=next(self._arrivals),
                 logprobs=request.logprobs,
                 # One choice scores the prompt; the scores belong to the request, not a choice.
@@ -273,8 +268,11 @@ class Engine:
             )
             for index in range(request.n)
         ]
+        wants_logprobs = request.logprobs is not None
         choices = [
-            ChoiceText(index, params, self._tokenizer, echo=request.echo)
+            ChoiceEmission(
+                index, params, self._tokenizer, logprobs=wants_logprobs, echo=request.echo
+            )
             for index in range(request.n)
         ]
         entry = _Request(request, channel, choices, sequences)

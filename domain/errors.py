@@ -66,3 +66,8 @@ class NotReadyError(DomainError):
 
     status = 503
     type = "ServiceUnavailableError"
+
+
+class LogprobDataError(Exception):
+    """A frame's payload for a requesting lane is missing or disagrees with its record; the
+    request fails (never silently without an entry)."""

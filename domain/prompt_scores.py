@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from domain.errors import LogprobDataError
 from domain.logprobs import NO_TOKEN, TokenLogprob, bits_to_float, unpack_pairs
 
 PROMPT_ALTERNATIVES = 20
@@ -64,3 +65,33 @@ def prompt_targets(prompt: Sequence[int], chunk_start: int, chunk_len: int) -> l
         prompt[position + 1] if position + 1 < end else NO_TOKEN
         for position in range(chunk_start, chunk_start + chunk_len)
     ]
+
+
+def new_prompt_scores(
+    prompt: Sequence[int],
+    scored_rows: int,
+    chunk_start: int,
+    rows: Sequence[PromptScore | None] | None,
+) -> tuple[PromptScore, ...]:
+    """The scores of a scored lane's chunk not yet published, in position order.
+
+    Row r of the prompt scores position r + 1; rows before `scored_rows` were published before
+    a preemption and are skipped, the row at the prompt end has no score. Every other row must
+    carry a score naming its prompt token.
+    """
+    if rows is None:
+        raise LogprobDataError("a scored lane's frame carries no prompt scores")
+    fresh = []
+    for offset, score in enumerate(rows):
+        row = chunk_start + offset
+        if row < scored_rows or row >= len(prompt) - 1:
+            continue
+        if row != scored_rows + len(fresh):
+            raise LogprobDataError(f"prompt row {row} arrives before row {scored_rows}")
+        if score is None or score.token_id != prompt[row + 1]:
+            named = "no score" if score is None else f"token {score.token_id}"
+            raise LogprobDataError(
+                f"prompt row {row} carries {named} where the prompt has token {prompt[row + 1]}"
+            )
+        fresh.append(score)
+    return tuple(fresh)

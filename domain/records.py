@@ -33,7 +33,7 @@ class Finish(enum.IntEnum):
     ERROR = 3
 
 
-class Field(enum.IntEnum):
+class RecordWord(enum.IntEnum):
     """Word index of each header field in a record."""
 
     SLOT = 0
@@ -92,34 +92,34 @@ class CompletionRecord:
                 f"{len(self.tokens)} tokens exceed the record capacity {token_capacity}"
             )
         words = [0] * (HEADER_WORDS + token_capacity)
-        words[Field.SLOT] = self.slot
-        words[Field.EPOCH] = self.epoch
-        words[Field.ROLE] = self.role
-        words[Field.EMITTED] = len(self.tokens)
-        words[Field.FIRST_POSITION] = self.first_position
-        words[Field.FORCED_MASK] = self.forced_mask
-        words[Field.FINISH] = self.finish
-        words[Field.DRAFTS_OFFERED] = self.drafts_offered
-        words[Field.DRAFTS_ACCEPTED] = self.drafts_accepted
-        words[Field.GENERATED_TOTAL] = self.generated_total
+        words[RecordWord.SLOT] = self.slot
+        words[RecordWord.EPOCH] = self.epoch
+        words[RecordWord.ROLE] = self.role
+        words[RecordWord.EMITTED] = len(self.tokens)
+        words[RecordWord.FIRST_POSITION] = self.first_position
+        words[RecordWord.FORCED_MASK] = self.forced_mask
+        words[RecordWord.FINISH] = self.finish
+        words[RecordWord.DRAFTS_OFFERED] = self.drafts_offered
+        words[RecordWord.DRAFTS_ACCEPTED] = self.drafts_accepted
+        words[RecordWord.GENERATED_TOTAL] = self.generated_total
         words[HEADER_WORDS : HEADER_WORDS + len(self.tokens)] = self.tokens
         return words
 
     @classmethod
     def decode(cls, words: Sequence[int]) -> CompletionRecord:
         """Reads a record; only the emitted prefix of the token words is meaningful."""
-        emitted = words[Field.EMITTED]
+        emitted = words[RecordWord.EMITTED]
         if emitted < 0 or HEADER_WORDS + emitted > len(words):
             raise ValueError(f"record claims {emitted} emitted tokens")
         return cls(
-            slot=words[Field.SLOT],
-            epoch=words[Field.EPOCH],
-            role=Role(words[Field.ROLE]),
+            slot=words[RecordWord.SLOT],
+            epoch=words[RecordWord.EPOCH],
+            role=Role(words[RecordWord.ROLE]),
             tokens=tuple(words[HEADER_WORDS : HEADER_WORDS + emitted]),
-            first_position=words[Field.FIRST_POSITION],
-            forced_mask=words[Field.FORCED_MASK],
-            finish=Finish(words[Field.FINISH]),
-            drafts_offered=words[Field.DRAFTS_OFFERED],
-            drafts_accepted=words[Field.DRAFTS_ACCEPTED],
-            generated_total=words[Field.GENERATED_TOTAL],
+            first_position=words[RecordWord.FIRST_POSITION],
+            forced_mask=words[RecordWord.FORCED_MASK],
+            finish=Finish(words[RecordWord.FINISH]),
+            drafts_offered=words[RecordWord.DRAFTS_OFFERED],
+            drafts_accepted=words[RecordWord.DRAFTS_ACCEPTED],
+            generated_total=words[RecordWord.GENERATED_TOTAL],
         )

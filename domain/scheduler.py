@@ -68,10 +68,6 @@ class Scheduler:
         return len(self._waiting)
 
     @property
-    def num_running(self) -> int:
-        return len(self._running)
-
-    @property
     def num_free_blocks(self) -> int:
         return self._blocks.num_free
 
@@ -137,8 +133,10 @@ class Scheduler:
     def commit(
         self, records: tuple[CompletionRecord, ...]
     ) -> list[tuple[Sequence, CompletionRecord, int]]:
-        """Advances sequences from their records, returning each with its lane index; stale or
-        unknown lanes are ignored."""
+        """Marks the fed chunks of a completed submission as cached and returns each live lane's
+        sequence with its record and lane index; stale or unknown lanes are ignored. The
+        emitted tokens join the outputs through `extend`, once emission has decided which stay.
+        """
         advanced = []
         for lane, record in enumerate(records):
             sequence = self._by_slot.get(record.slot)
@@ -146,9 +144,12 @@ class Scheduler:
                 continue
             sequence.num_computed += sequence.in_flight
             sequence.in_flight = 0
-            sequence.outputs.extend(record.tokens)
             advanced.append((sequence, record, lane))
         return advanced
+
+    def extend(self, sequence: Sequence, tokens: tuple[int, ...]) -> None:
+        """Appends a record's kept tokens to the sequence's outputs (the next step feeds them)."""
+        sequence.outputs.extend(tokens)
 
     def finish(self, sequence: Sequence) -> None:
         """Ends a sequence wherever it is (never queued included) and frees its slot and blocks

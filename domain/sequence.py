@@ -59,12 +59,6 @@ class Sequence:
     def num_tokens(self) -> int:
         return len(self.prompt) + len(self.outputs)
 
-    def token_at(self, position: int) -> int:
-        prompt_len = len(self.prompt)
-        return (
-            self.prompt[position] if position < prompt_len else self.outputs[position - prompt_len]
-        )
-
     def tokens_between(self, start: int, end: int) -> tuple[int, ...]:
         prompt_len = len(self.prompt)
         if end <= prompt_len:

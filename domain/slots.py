@@ -33,6 +33,3 @@ class SlotTable:
             raise ValueError(f"slot {slot} is already free")
         self._free.append(slot)
         self._free.sort(reverse=True)
-
-    def epoch(self, slot: int) -> int:
-        return self._epochs[slot]

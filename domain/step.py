@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from domain.logprobs import LogprobOptions
+from domain.logprobs import LogprobOptions, PositionLogprobs
+from domain.prompt_scores import PromptScore
+from domain.records import CompletionRecord
 from domain.sampling import SamplingParams
 
 
@@ -113,3 +115,23 @@ class StepPlan:
     @property
     def num_tokens(self) -> int:
         return sum(len(work.token_ids) for work in self.works)
+
+
+@dataclass(frozen=True, slots=True)
+class FrameResult:
+    """The records of one completed submission, one per lane of its plan, in plan order.
+
+    `logprobs[i]` holds lane i's decoded positions (one per emitted token) when the lane
+    requested logprobs, else None; an empty tuple means no lane of the frame requested any.
+    `prompt_scores[i]` holds a scored plan's lane i rows (one per fed token, None for a row
+    without a target); empty for ordinary plans.
+    """
+
+    frame: int
+    records: tuple[CompletionRecord, ...]
+    logprobs: tuple[tuple[PositionLogprobs, ...] | None, ...] = ()
+    prompt_scores: tuple[tuple[PromptScore | None, ...], ...] = ()
+
+    def lane_logprobs(self, lane: int) -> tuple[PositionLogprobs, ...] | None:
+        """Lane `lane`'s decoded positions, or None when the frame carries none for it."""
+        return self.logprobs[lane] if lane < len(self.logprobs) else None

@@ -2,29 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
-from domain.logprobs import PositionLogprobs
-from domain.prompt_scores import PromptScore
-from domain.records import CompletionRecord
-from domain.step import ExecutorGeometry, StepPlan
-
-
-@dataclass(frozen=True, slots=True)
-class FrameResult:
-    """The records of one completed submission, one per lane of its plan, in plan order.
-
-    `logprobs[i]` holds lane i's decoded positions (one per emitted token) when the lane
-    requested logprobs, else None; an empty tuple means no lane of the frame requested any.
-    `prompt_scores[i]` holds a scored plan's lane i rows (one per fed token, None for a row
-    without a target); empty for ordinary plans.
-    """
-
-    frame: int
-    records: tuple[CompletionRecord, ...]
-    logprobs: tuple[tuple[PositionLogprobs, ...] | None, ...] = ()
-    prompt_scores: tuple[tuple[PromptScore | None, ...], ...] = ()
+from domain.step import ExecutorGeometry, FrameResult, StepPlan
 
 
 class ModelExecutor(Protocol):
@@ -32,8 +12,9 @@ class ModelExecutor(Protocol):
 
     Invariants an implementation keeps:
     - `submit` writes one record per lane into frame `f` (0 and 1 alternate per submission); a
-      sampling lane's record has role SAMPLE, emits one token and carries the commit's finish;
-      a lane that only feeds prompt tokens has role PROMPT and emits nothing.
+      sampling lane's record has role SAMPLE and emits what `domain.commit.commit_round`
+      returns for the lane's sampled tokens, with that finish; a lane that only feeds prompt
+      tokens has role PROMPT and emits nothing.
     - `read(f)` returns that frame's records and, for requesting lanes only, their decoded
       logprob positions; the frame is free for reuse after it returns.
     - A seeded lane samples the same token whatever else is in the batch.

@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
-from domain.records import CompletionRecord, Finish, Role
-from domain.step import ExecutorGeometry, StepPlan
-from ports.executor import FrameResult
+from domain.commit import commit_round
+from domain.logprobs import (
+    NATURAL_TOP_K,
+    NO_TOKEN,
+    LogprobOptions,
+    PositionLogprobs,
+    TokenLogprob,
+    bits_to_float,
+    float_to_bits,
+    sort_key,
+)
+from domain.prompt_scores import PromptScore
+from domain.records import CompletionRecord, Role
+from domain.step import ExecutorGeometry, FrameResult, SlotWork, StepPlan
 
 FAKE_VOCAB = 64
 FAKE_EOS = 0
@@ -20,67 +32,141 @@ def next_token(context: Sequence[int], vocab_size: int = FAKE_VOCAB) -> int:
     return 1 + value % (vocab_size - 1)
 
 
+def fake_logprobs(context: Sequence[int], vocab_size: int = FAKE_VOCAB) -> list[float]:
+    """The fake model's FP32 logprobs after `context`: `next_token` is the argmax, the other
+    values spread over about ten nats (with ties), normalized by a float64 logsumexp."""
+    favourite = next_token(context, vocab_size)
+    spread = next_token([*context, 1], 997)
+    logits = [-((token_id * 7919 + spread) % 211) / 20.0 for token_id in range(vocab_size)]
+    logits[favourite] = 1.0
+    peak = max(logits)
+    normalizer = peak + math.log(sum(math.exp(value - peak) for value in logits))
+    return [bits_to_float(float_to_bits(value - normalizer)) for value in logits]
+
+
+def _ranked(values: Sequence[float], count: int) -> tuple[TokenLogprob, ...]:
+    """The `count` best (token ID, value) pairs by the reported order."""
+    best = sorted(range(len(values)), key=lambda t: sort_key(values[t], t), reverse=True)
+    return tuple(TokenLogprob(t, values[t]) for t in best[:count])
+
+
+def fake_position(
+    context: Sequence[int], token_id: int, options: LogprobOptions, top_k: int, vocab_size: int
+) -> PositionLogprobs:
+    """What a requesting lane reports for `token_id` emitted after `context`."""
+    values = fake_logprobs(context, vocab_size)
+    if options.token_ids:
+        alternatives = tuple(TokenLogprob(t, values[t]) for t in options.token_ids)
+    else:
+        alternatives = _ranked(values, top_k)
+    return PositionLogprobs(TokenLogprob(token_id, values[token_id]), alternatives)
+
+
+def fake_prompt_score(context: Sequence[int], target: int, vocab_size: int) -> PromptScore:
+    """The score of prompt token `target` after `context`, with 20 natural alternatives."""
+    values = fake_logprobs(context, vocab_size)
+    rank = 1 + sum(1 for value in values if value > values[target])
+    return PromptScore(target, values[target], rank, _ranked(values, NATURAL_TOP_K))
+
+
 class FakeExecutor:
-    """Implements ModelExecutor: remembers fed tokens per slot, commits records like the real one.
+    """Implements ModelExecutor over the fake model: commits records through the shared commit
+    rule and reports logprob payloads and prompt scores like the real one.
 
     It checks what a real cache would need: chunks arrive in position order per slot, and no KV
-    block is used by two live slots at once.
+    block is used by two live slots at once. `eos_after` makes every lane emit EOS once it has
+    generated that many tokens.
     """
 
     def __init__(self, geometry: ExecutorGeometry, *, eos_after: int | None = None) -> None:
         self.geometry = geometry
         self._contexts: dict[int, list[int]] = {}
         self._tables: dict[int, tuple[int, ...]] = {}
-        self._frames: list[tuple[CompletionRecord, ...]] = [(), ()]
+        self._frames: list[FrameResult] = [FrameResult(0, ()), FrameResult(1, ())]
         self._next = 0
         self._eos_after = eos_after
         self.plans: list[StepPlan] = []
 
     def submit(self, plan: StepPlan) -> int:
         self.plans.append(plan)
-        records = []
+        frame = self._next
+        self._next ^= 1
+        records, payloads, scores = [], [], []
         for work in plan.works:
-            context = self._contexts.setdefault(work.slot, [])
-            if work.start_position == 0:
-                context.clear()
-            if len(context) != work.start_position:
-                raise AssertionError(
-                    f"slot {work.slot} fed at {work.start_position}, cache has {len(context)}"
-                )
-            context.extend(work.token_ids)
-            self._tables[work.slot] = work.block_table
+            context = self._feed(work, scores if plan.scored else None)
             if not work.sample:
                 records.append(CompletionRecord(work.slot, work.epoch, Role.PROMPT))
+                payloads.append(None)
                 continue
-            token_id = next_token(context, self.geometry.vocab_size)
-            generated = work.end_position - work.prompt_len + 1
-            if self._eos_after is not None and generated > self._eos_after:
-                token_id = FAKE_EOS
-            if token_id in work.banned_token_ids:
-                token_id = 1 + token_id % (self.geometry.vocab_size - 1)
-            finish = Finish.NONE
-            if token_id in work.stop_token_ids:
-                finish = Finish.STOP_TOKEN
-            elif work.remaining <= 1:
-                finish = Finish.LENGTH
+            token_id = self._sample(work, context)
+            emitted, finish = commit_round(work, (token_id,))
             records.append(
                 CompletionRecord(
                     work.slot,
                     work.epoch,
                     Role.SAMPLE,
-                    (token_id,),
+                    emitted,
                     work.end_position,
                     finish=finish,
+                    generated_total=work.end_position - work.prompt_len + 1,
                 )
             )
+            payloads.append(self._payload(work, context, emitted))
         self._check_blocks(plan)
-        frame = self._next
-        self._next ^= 1
-        self._frames[frame] = tuple(records)
+        requesting = any(payload is not None for payload in payloads)
+        self._frames[frame] = FrameResult(
+            frame, tuple(records), tuple(payloads) if requesting else (), tuple(scores)
+        )
         return frame
 
     def read(self, frame: int) -> FrameResult:
-        return FrameResult(frame, self._frames[frame])
+        return self._frames[frame]
+
+    def _feed(self, work: SlotWork, scores: list | None) -> list[int]:
+        context = self._contexts.setdefault(work.slot, [])
+        if work.start_position == 0:
+            context.clear()
+        if len(context) != work.start_position:
+            raise AssertionError(
+                f"slot {work.slot} fed at {work.start_position}, cache has {len(context)}"
+            )
+        rows = []
+        for token_id, target in zip(
+            work.token_ids, work.prompt_targets or [NO_TOKEN] * len(work.token_ids), strict=True
+        ):
+            context.append(token_id)
+            if scores is not None:
+                rows.append(
+                    None
+                    if target == NO_TOKEN
+                    else fake_prompt_score(context, target, self.geometry.vocab_size)
+                )
+        if scores is not None:
+            scores.append(tuple(rows))
+        self._tables[work.slot] = work.block_table
+        return context
+
+    def _sample(self, work: SlotWork, context: list[int]) -> int:
+        token_id = next_token(context, self.geometry.vocab_size)
+        generated = work.end_position - work.prompt_len + 1
+        if self._eos_after is not None and generated > self._eos_after:
+            token_id = FAKE_EOS
+        if token_id in work.banned_token_ids:
+            token_id = 1 + token_id % (self.geometry.vocab_size - 1)
+        return token_id
+
+    def _payload(
+        self, work: SlotWork, context: list[int], emitted: tuple[int, ...]
+    ) -> tuple[PositionLogprobs, ...] | None:
+        if work.logprobs is None or not self.geometry.logprob_top_k:
+            return None
+        geometry = self.geometry
+        return tuple(
+            fake_position(
+                context, token_id, work.logprobs, geometry.logprob_top_k, geometry.vocab_size
+            )
+            for token_id in emitted
+        )
 
     def _check_blocks(self, plan: StepPlan) -> None:
         live = {work.slot for work in plan.works}

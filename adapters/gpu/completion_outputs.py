@@ -9,8 +9,7 @@ import torch
 from adapters.gpu.logprobs_reference import ReferenceLogprobReducer
 from domain.logprobs import FULL_POSITION_WORDS, MAX_SELECTED_IDS, unpack_position
 from domain.records import HEADER_WORDS, CompletionRecord
-from domain.step import ExecutorGeometry, SlotWork
-from ports.executor import FrameResult
+from domain.step import ExecutorGeometry, FrameResult, SlotWork
 
 
 @dataclass(frozen=True, slots=True)

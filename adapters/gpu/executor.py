@@ -13,9 +13,9 @@ from adapters.gpu.model import DecoderModel
 from adapters.gpu.penalty_state import PenaltyState
 from adapters.gpu.prompt_score_frames import PromptScoreFrames
 from adapters.gpu.sampler import Sampler, SamplingTensors
-from domain.records import CompletionRecord, Finish, Role
-from domain.step import ExecutorGeometry, SlotWork, StepPlan
-from ports.executor import FrameResult
+from domain.commit import commit_round
+from domain.records import CompletionRecord, Role
+from domain.step import ExecutorGeometry, FrameResult, SlotWork, StepPlan
 
 
 class TorchExecutor:
@@ -149,18 +149,13 @@ class TorchExecutor:
         records = []
         for work in plan.works:
             if work.sample:
-                token_id = next(tokens)
-                finish = Finish.NONE
-                if token_id in work.stop_token_ids:
-                    finish = Finish.STOP_TOKEN
-                elif work.remaining <= 1:
-                    finish = Finish.LENGTH
+                emitted, finish = commit_round(work, (next(tokens),))
                 records.append(
                     CompletionRecord(
                         slot=work.slot,
                         epoch=work.epoch,
                         role=Role.SAMPLE,
-                        tokens=(token_id,),
+                        tokens=emitted,
                         first_position=work.end_position,
                         finish=finish,
                         generated_total=work.end_position - work.prompt_len + 1,

@@ -127,18 +127,39 @@ def test_scored_and_ordinary_requests_for_one_prompt_generate_identical_tokens(t
 
 def test_scored_plans_never_carry_ordinary_lanes(tiny_model_dir):
     engine, plans = make_engine(tiny_model_dir, budget=32)
-    prompt = random_prompt(40, 3, engine.vocab_size)
+    plain = random_prompt(40, 3, engine.vocab_size)
+    scored = random_prompt(40, 4, engine.vocab_size)
     drain(
         engine,
         [
-            GenerationRequest("plain", prompt, GREEDY),
-            GenerationRequest("scored", prompt, GREEDY, prompt_logprobs=2),
+            GenerationRequest("plain", plain, GREEDY),
+            GenerationRequest("scored", scored, GREEDY, prompt_logprobs=2),
         ],
     )
-    for plan in plans:
-        assert all(bool(work.prompt_targets) == plan.scored for work in plan.works)
-        if plan.scored:
-            assert all(not work.sample or work.end_position == 40 for work in plan.works)
+
+    def prompt_rows(prompt: tuple[int, ...], kind: bool) -> int:
+        """Prompt rows of `prompt` fed by plans whose `scored` flag is `kind`."""
+        return sum(
+            len(work.token_ids)
+            for plan in plans
+            if plan.scored == kind
+            for work in plan.works
+            if work.end_position <= 40
+            and work.token_ids == prompt[work.start_position : work.end_position]
+        )
+
+    scored_plans = [index for index, plan in enumerate(plans) if plan.scored]
+    assert scored_plans, "no scored step ran"
+    # Every lane of a scored step is a chunk of the scored prompt, and all of it ran there.
+    assert all(
+        work.token_ids == scored[work.start_position : work.end_position]
+        for index in scored_plans
+        for work in plans[index].works
+    )
+    assert prompt_rows(scored, True) == 40 and prompt_rows(scored, False) == 0
+    # The plain prompt ran in ordinary steps only, some of them while scoring was under way.
+    assert prompt_rows(plain, False) == 40 and prompt_rows(plain, True) == 0
+    assert any(not plans[i].scored for i in range(scored_plans[0], scored_plans[-1]))
 
 
 def test_every_choice_outputs_only_after_the_whole_prompt_is_scored(tiny_model_dir):

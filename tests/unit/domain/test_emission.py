@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from domain.choice import ChoiceText
-from domain.emission import LogprobDataError, record_positions
+from domain.emission import ChoiceEmission
+from domain.errors import LogprobDataError
 from domain.logprobs import PositionLogprobs, TokenLogprob
 from domain.records import CompletionRecord, Finish, Role
 from domain.sampling import SamplingParams
@@ -31,12 +31,20 @@ def position(token_id: int) -> PositionLogprobs:
     return PositionLogprobs(TokenLogprob(token_id, -0.5 - token_id), (TokenLogprob(9, -1.0),))
 
 
+def emission(*, echo: bool = False, **params) -> ChoiceEmission:
+    return ChoiceEmission(0, SamplingParams(**params), TableTokenizer(), logprobs=True, echo=echo)
+
+
+def sampled(token_id: int, finish: Finish = Finish.NONE) -> CompletionRecord:
+    return CompletionRecord(1, 1, Role.SAMPLE, (token_id,), finish=finish)
+
+
 def run(tokens: list[int], finish_last: Finish = Finish.NONE, *, echo: bool = False, **params):
-    choice = ChoiceText(0, SamplingParams(**params), TableTokenizer(), echo=echo)
+    choice = emission(echo=echo, **params)
     deltas = []
     for index, token_id in enumerate(tokens):
         finish = finish_last if index == len(tokens) - 1 else Finish.NONE
-        deltas.append(choice.advance((token_id,), finish, (position(token_id),)))
+        deltas.append(choice.advance(sampled(token_id, finish), (position(token_id),)))
         if deltas[-1].finished:
             break
     return deltas
@@ -101,9 +109,10 @@ def test_included_stop_strings_keep_the_entries_of_the_tokens_forming_them():
 def test_a_forced_token_has_no_entry_and_the_payload_must_name_the_emitted_tokens():
     record = CompletionRecord(1, 1, Role.SPECULATIVE, (5, 6), forced_mask=0b10)
 
-    kept = record_positions(record, (position(5), position(6)))
+    delta = emission().advance(record, (position(5), position(6)))
 
-    assert kept == (position(5), None)
+    assert [e.position for e in delta.logprobs] == [position(5)]
+    assert delta.token_ids == (5, 6) and delta.text == "xyz"
 
 
 def test_with_echo_a_terminating_eos_has_an_entry_at_the_end_of_the_text():
@@ -184,7 +193,15 @@ def test_missing_or_inconsistent_payload_fails_the_request(payload):
     record = CompletionRecord(1, 1, Role.SPECULATIVE, (5, 6))
 
     with pytest.raises(LogprobDataError):
-        record_positions(record, payload)
+        emission().advance(record, payload)
+
+
+def test_a_choice_without_logprobs_ignores_any_payload():
+    choice = ChoiceEmission(0, SamplingParams(), TableTokenizer())
+
+    delta = choice.advance(sampled(5), None)
+
+    assert delta.text == "x" and delta.logprobs == ()
 
 
 def test_minus_infinity_goes_on_the_wire_as_minus_9999():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from domain.engine import Engine, EngineConfig
@@ -10,7 +12,7 @@ from domain.logprobs import LogprobOptions
 from domain.outputs import ChoiceDelta, RequestEnd
 from domain.requests import GenerationRequest
 from domain.sampling import SamplingParams
-from domain.step import ExecutorGeometry
+from domain.step import ExecutorGeometry, FrameResult
 from tests.fakes import FAKE_EOS, FakeExecutor, FakeTokenizer, next_token
 
 
@@ -239,6 +241,20 @@ def test_max_logprobs_caps_requests_below_the_cores_k():
         engine.submit(asks)
 
 
+class PayloadDroppingExecutor:
+    """A broken executor: its frames lose every logprob payload."""
+
+    def __init__(self, executor: FakeExecutor) -> None:
+        self._executor = executor
+        self.geometry = executor.geometry
+
+    def submit(self, plan):
+        return self._executor.submit(plan)
+
+    def read(self, frame: int) -> FrameResult:
+        return dataclasses.replace(self._executor.read(frame), logprobs=())
+
+
 def test_a_requesting_lane_without_logprob_payload_fails_that_request_only():
     geometry = ExecutorGeometry(
         capacity=8,
@@ -250,7 +266,7 @@ def test_a_requesting_lane_without_logprob_payload_fails_that_request_only():
         logprob_top_k=20,
         selects_logprob_ids=True,
     )
-    engine = Engine(FakeExecutor(geometry), FakeTokenizer())  # the fake frames carry no payload
+    engine = Engine(PayloadDroppingExecutor(FakeExecutor(geometry)), FakeTokenizer())
     asks = GenerationRequest(
         "asks", (1, 2), SamplingParams(max_tokens=3), logprobs=LogprobOptions(top_k=2)
     )

@@ -19,11 +19,11 @@ from domain.logprobs import (
     TokenLogprob,
     bits_to_float,
     float_to_bits,
-    pack_position,
     sort_key,
     unpack_position,
     wire_logprob,
 )
+from tests.support.packing import pack_position
 
 fp32 = st.floats(width=32, allow_nan=False)
 token_ids = st.integers(0, 2**31 - 1)

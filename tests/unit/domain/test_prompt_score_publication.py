@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from domain.channel import OutputChannel
-from domain.emission import LogprobDataError, new_prompt_scores
+from domain.errors import LogprobDataError
 from domain.logprob_presentation import (
     TokenRendering,
     echo_logprobs,
@@ -14,7 +14,7 @@ from domain.logprob_presentation import (
 )
 from domain.logprobs import TokenLogprob
 from domain.outputs import ChoiceDelta, PromptScores
-from domain.prompt_scores import PromptScore
+from domain.prompt_scores import PromptScore, new_prompt_scores
 
 PROMPT = (5, 6, 7, 8, 9)
 

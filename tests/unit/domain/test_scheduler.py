@@ -39,7 +39,8 @@ def commit_all(scheduler: Scheduler, plan, token: int = 9) -> None:
         )
         for w in plan.works
     )
-    scheduler.commit(records)
+    for sequence, record, _ in scheduler.commit(records):
+        scheduler.extend(sequence, record.tokens)
 
 
 def test_long_prompt_is_prefilled_in_chunks_within_the_token_budget():

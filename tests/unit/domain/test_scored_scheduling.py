@@ -39,7 +39,8 @@ def commit(scheduler: Scheduler, plan, publish: bool = True) -> None:
         )
         for w in plan.works
     )
-    for sequence, _, lane in scheduler.commit(records):
+    for sequence, record, lane in scheduler.commit(records):
+        scheduler.extend(sequence, record.tokens)
         work = plan.works[lane]
         if publish and work.prompt_targets:
             published = [t for t in work.prompt_targets if t >= 0]

@@ -1,0 +1,45 @@
+"""The shared commit rule: which sampled tokens a record emits, and why the request ends."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from domain.records import Finish
+from domain.sampling import SamplingParams
+from domain.step import SlotWork
+
+
+def stop_token_ids(params: SamplingParams, eos_token_ids: frozenset[int]) -> frozenset[int]:
+    """Tokens whose emission ends a choice: `stop_token_ids`, and EOS unless `ignore_eos`."""
+    stops = frozenset(params.stop_token_ids)
+    return stops if params.ignore_eos else stops | eos_token_ids
+
+
+def min_tokens_ban(params: SamplingParams, eos_token_ids: frozenset[int]) -> tuple[int, ...]:
+    """Tokens that cannot be sampled until `min_tokens` are generated: every stop token and
+    EOS (also under `ignore_eos`, as vLLM bans it), ascending."""
+    return tuple(sorted(frozenset(params.stop_token_ids) | eos_token_ids))
+
+
+def emitted_prefix(
+    sampled: Iterable[int], stop_ids: frozenset[int], remaining: int
+) -> tuple[tuple[int, ...], Finish]:
+    """The tokens a round emits, in order, and the finish it commits.
+
+    Emission stops after the first stop token (emitted, finish STOP_TOKEN) or when the choice's
+    remaining budget is used up (LENGTH); tokens after either are not emitted. `remaining`
+    already counts `max_tokens` and the room left below `max_model_len`.
+    """
+    emitted: list[int] = []
+    for token_id in sampled:
+        emitted.append(token_id)
+        if token_id in stop_ids:
+            return tuple(emitted), Finish.STOP_TOKEN
+        if len(emitted) >= remaining:
+            return tuple(emitted), Finish.LENGTH
+    return tuple(emitted), Finish.NONE
+
+
+def commit_round(work: SlotWork, sampled: Sequence[int]) -> tuple[tuple[int, ...], Finish]:
+    """What every executor's commit writes for a sampling lane: `emitted_prefix` of its round."""
+    return emitted_prefix(sampled, work.stop_token_ids, work.remaining)

@@ -1,0 +1,217 @@
+"""The ModelExecutor port's invariants, held by the fake and by the torch executor alike.
+
+Each test states one invariant of `ports.executor.ModelExecutor`; the suite runs against
+`tests.fakes.FakeExecutor` and the torch executor over a tiny model, so the fake the unit tests
+rely on cannot drift from the real thing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from domain.capabilities import FULL_LOGPROBS
+from domain.commit import commit_round
+from domain.logprobs import NO_TOKEN, LogprobOptions, sort_key
+from domain.prompt_scores import prompt_targets
+from domain.records import Finish, Role
+from domain.sampling import SamplingParams
+from domain.step import ExecutorGeometry, SlotWork, StepPlan
+from ports.executor import ModelExecutor
+from tests.fakes import FakeExecutor
+
+BLOCK = 4
+SCORED_CAPACITY = 32
+GREEDY = SamplingParams(temperature=0.0)
+SAMPLED = SamplingParams(temperature=1.0, top_k=20)
+
+
+@pytest.fixture(scope="module", params=["fake", "torch"])
+def executor(request, tmp_path_factory) -> ModelExecutor:
+    if request.param == "fake":
+        geometry = ExecutorGeometry(
+            capacity=8,
+            block_size=BLOCK,
+            num_blocks=64,
+            vocab_size=64,
+            max_model_len=128,
+            token_capacity=8,
+            logprob_top_k=20,
+            selects_logprob_ids=True,
+            scored_capacities=(SCORED_CAPACITY,),
+        )
+        return FakeExecutor(geometry)
+    from adapters.gpu.factory import RunnerSettings, build_executor
+    from adapters.tokenizer.hf import HfTokenizer
+    from tests.support.tiny_serving import build_tiny_model_dir
+
+    model_dir = build_tiny_model_dir(tmp_path_factory.mktemp("conformance"))
+    settings = RunnerSettings(
+        device="cpu", max_num_seqs=8, max_model_len=128, kv_cache_bytes=4 << 20, block_size=BLOCK
+    )
+    capability = replace(FULL_LOGPROBS, scored_capacities=(SCORED_CAPACITY,))
+    vocab_size = HfTokenizer.from_dir(model_dir).vocab_size
+    return build_executor(model_dir, settings, vocab_size, capability=capability)
+
+
+class Lanes:
+    """Builds lanes on distinct slots and KV blocks, as the scheduler would."""
+
+    def __init__(self) -> None:
+        self._next_block = 0
+
+    def work(
+        self,
+        slot: int,
+        prompt: tuple[int, ...],
+        *,
+        params: SamplingParams = GREEDY,
+        sample: bool = True,
+        remaining: int = 8,
+        stop_token_ids: frozenset[int] = frozenset(),
+        logprobs: LogprobOptions | None = None,
+        scored: bool = False,
+        seed: int = 5,
+    ) -> SlotWork:
+        blocks = -(-(len(prompt) + remaining) // BLOCK)
+        table = tuple(range(self._next_block, self._next_block + blocks))
+        self._next_block += blocks
+        return SlotWork(
+            slot=slot,
+            epoch=1,
+            token_ids=prompt,
+            start_position=0,
+            block_table=table,
+            prompt_len=len(prompt),
+            sample=sample,
+            params=params,
+            seed=seed,
+            stop_token_ids=stop_token_ids,
+            remaining=remaining,
+            logprobs=logprobs if sample else None,
+            prompt_targets=tuple(prompt_targets(prompt, 0, len(prompt))) if scored else (),
+        )
+
+
+def prompt(seed: int, length: int = 6, vocab: int = 60) -> tuple[int, ...]:
+    return tuple(3 + (seed * 17 + index * 29) % (vocab - 3) for index in range(length))
+
+
+def run(executor: ModelExecutor, *works: SlotWork, scored: bool = False):
+    return executor.read(executor.submit(StepPlan(tuple(works), scored=scored)))
+
+
+def test_frames_alternate_and_hold_one_record_per_lane_in_plan_order(executor):
+    lanes = Lanes()
+    plan = StepPlan((lanes.work(3, prompt(1)), lanes.work(1, prompt(2), sample=False)))
+
+    first = executor.submit(plan)
+    result = executor.read(first)
+    second = executor.submit(StepPlan((Lanes().work(2, prompt(3)),)))
+    executor.read(second)
+
+    assert {first, second} == {0, 1}
+    assert [record.slot for record in result.records] == [3, 1]
+    assert result.frame == first
+
+
+def test_a_sampling_lane_emits_what_the_shared_commit_rule_keeps(executor):
+    lanes = Lanes()
+    probe = run(executor, lanes.work(0, prompt(4))).records[0]
+    token_id = probe.tokens[0]
+    works = (
+        Lanes().work(0, prompt(4), stop_token_ids=frozenset({token_id})),
+        Lanes().work(0, prompt(4), remaining=1),
+        Lanes().work(0, prompt(4), remaining=5),
+    )
+
+    records = [run(executor, work).records[0] for work in works]
+
+    for work, record in zip(works, records, strict=True):
+        assert record.role is Role.SAMPLE
+        assert (record.tokens, record.finish) == commit_round(work, (token_id,))
+        assert record.first_position == work.end_position
+    assert [record.finish for record in records] == [Finish.STOP_TOKEN, Finish.LENGTH, Finish.NONE]
+
+
+def test_a_lane_that_only_feeds_its_prompt_emits_nothing(executor):
+    record = run(executor, Lanes().work(5, prompt(5), sample=False)).records[0]
+
+    assert record.role is Role.PROMPT and record.tokens == () and not record.emits
+
+
+def test_only_requesting_lanes_carry_payloads_and_none_without_a_request(executor):
+    lanes = Lanes()
+    plain = run(executor, lanes.work(0, prompt(6)))
+    mixed = run(
+        executor,
+        lanes.work(1, prompt(7), logprobs=LogprobOptions(top_k=3)),
+        lanes.work(2, prompt(8)),
+    )
+
+    assert plain.logprobs == ()
+    assert mixed.lane_logprobs(1) is None
+    (position,) = mixed.lane_logprobs(0)
+    assert position.chosen.token_id == mixed.records[0].tokens[0]
+
+
+def test_natural_alternatives_follow_the_reported_order(executor):
+    top_k = executor.geometry.logprob_top_k
+    result = run(executor, Lanes().work(0, prompt(9), logprobs=LogprobOptions(top_k=2)))
+
+    (position,) = result.lane_logprobs(0)
+
+    keys = [sort_key(a.logprob, a.token_id) for a in position.alternatives]
+    assert len(position.alternatives) == top_k and keys == sorted(keys, reverse=True)
+    assert all(a.logprob <= 0.0 for a in position.alternatives)
+    # The chosen token of a greedy lane is the best alternative, with the same value.
+    assert position.alternatives[0] == position.chosen
+
+
+def test_selected_ids_come_in_caller_order_with_the_same_normalization(executor):
+    selected = (9, 4, 31)
+    natural = run(executor, Lanes().work(0, prompt(10), logprobs=LogprobOptions(top_k=20)))
+    chosen = run(executor, Lanes().work(0, prompt(10), logprobs=LogprobOptions(token_ids=selected)))
+
+    (reference,) = natural.lane_logprobs(0)
+    (position,) = chosen.lane_logprobs(0)
+
+    assert [a.token_id for a in position.alternatives] == list(selected)
+    assert position.chosen == reference.chosen
+    by_id = {a.token_id: a.logprob for a in reference.alternatives}
+    for alternative in position.alternatives:
+        if alternative.token_id in by_id:
+            assert alternative.logprob == by_id[alternative.token_id]
+
+
+def test_a_seeded_lane_samples_the_same_token_whatever_the_batch(executor):
+    alone = run(executor, Lanes().work(4, prompt(11), params=SAMPLED, seed=77)).records[0]
+    lanes = Lanes()
+    crowd = run(
+        executor,
+        lanes.work(0, prompt(12), params=SAMPLED, seed=1),
+        lanes.work(4, prompt(11), params=SAMPLED, seed=77),
+        lanes.work(6, prompt(13), params=SAMPLED, seed=2),
+    ).records[1]
+
+    assert crowd.tokens == alone.tokens
+
+
+def test_a_scored_plan_scores_every_row_against_its_target(executor):
+    tokens = prompt(14, length=10)
+    lane = Lanes().work(2, tokens, scored=True, logprobs=LogprobOptions(top_k=1))
+
+    result = run(executor, lane, scored=True)
+
+    (rows,) = result.prompt_scores
+    assert len(rows) == len(tokens)
+    for target, score in zip(lane.prompt_targets, rows, strict=True):
+        if target == NO_TOKEN:
+            assert score is None
+            continue
+        assert score.token_id == target and score.rank >= 1 and score.logprob <= 0.0
+        assert len(score.alternatives) == 20
+        better = [a for a in score.alternatives if a.logprob > score.logprob]
+        assert score.rank == len(better) + 1 or len(better) == 20
+    assert result.records[0].tokens and result.lane_logprobs(0) is not None
