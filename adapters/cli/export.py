@@ -7,7 +7,8 @@ import sys
 
 from adapters.core.export import export_core
 from adapters.core.manifest import LOGPROB_LEVELS
-from domain.capabilities import CoreValidationError, scored_capacities
+from domain.capabilities import scored_capacities
+from domain.core_validation import CoreValidationError
 from domain.logprobs import NATURAL_TOP_K
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from google.protobuf import text_format
@@ -11,27 +11,15 @@ from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 from google.protobuf.message import DecodeError
 
 from adapters.core import core_pb2
+from domain.buffers import BufferGroup, ContractBuffer, buffers_in
 from domain.capabilities import (
-    COMPLETION_LOGPROBS,
-    COMPLETION_RECORDS,
-    LOGPROB_BUFFERS,
-    LOGPROB_INPUT_SOURCES,
-    LOGPROB_REQUESTED,
-    LOGPROB_TOKEN_ID_COUNTS,
-    LOGPROB_TOKEN_IDS,
-    PROMPT_LOGPROBS,
-    PROMPT_TARGET_SOURCE,
-    PROMPT_TARGET_TOKENS,
-    SCORED_PREFILL,
-    BufferDeclaration,
-    CoreValidationError,
-    GraphDeclaration,
+    NO_LOGPROBS,
     LogprobCapability,
-    contract_shapes,
-    logprob_capability,
-    prompt_shapes,
+    natural_top_k_problem,
     scored_capacities,
 )
+from domain.core_validation import CoreValidationError, validate_declarations
+from domain.declarations import SCORED_PREFILL, BufferDeclaration, GraphDeclaration
 from domain.logprobs import NATURAL_TOP_K
 from domain.records import resolve_token_capacity
 
@@ -84,74 +72,69 @@ def build_manifest(
     """
     if logprobs not in LOGPROB_LEVELS:
         raise ValueError(f"logprobs must be one of {', '.join(LOGPROB_LEVELS)}, not {logprobs!r}")
-    if logprobs == "full" and top_k != NATURAL_TOP_K:
-        raise ValueError(f"full cores provide K={NATURAL_TOP_K} natural alternatives, not {top_k}")
-    if logprobs == "natural" and not 1 <= top_k <= NATURAL_TOP_K:
-        raise ValueError(f"natural cores need 1 <= top_k <= {NATURAL_TOP_K}, got {top_k}")
+    capability = _level_capability(logprobs, top_k)
     if capacity < 1:
         raise ValueError(f"capacity must be positive, got {capacity}")
     if prompt_chunk_limit < 0:
         raise ValueError(f"prompt_chunk_limit must be non-negative, got {prompt_chunk_limit}")
-    if prompt_chunk_limit and (logprobs == "none" or top_k != NATURAL_TOP_K):
-        raise ValueError(
-            f"prompt scoring requires K={NATURAL_TOP_K} generation logprob outputs "
-            f"(logprobs full, or natural with top_k {NATURAL_TOP_K}), not {logprobs!r} "
-            f"with top_k {top_k}"
-        )
-    forms = contract_shapes(capacity, resolve_token_capacity(token_capacity))
-    names = {"none": (), "natural": LOGPROB_BUFFERS[:2], "full": LOGPROB_BUFFERS}[logprobs]
-    if logprobs == "natural":
-        dtype, shape = forms[COMPLETION_LOGPROBS]
-        forms[COMPLETION_LOGPROBS] = (dtype, (*shape[:-1], 2 + 2 * top_k))
+    if prompt_chunk_limit:
+        # The capability refuses scoring without K=20 generation outputs.
+        ladder = scored_capacities(prompt_chunk_limit)
+        capability = replace(capability, scored_capacities=ladder)
     manifest = core_pb2.CoreManifest(
         format_version=FORMAT_VERSION,
         model=core_pb2.ModelInfo(architecture=architecture, vocab_size=vocab_size),
         capacity=capacity,
         completion_token_capacity=token_capacity,
     )
-    for name in (COMPLETION_RECORDS, *names):
-        dtype, shape = forms[name]
-        manifest.buffers.add(name=name, dtype=core_pb2.DType.Value(dtype.upper()), shape=shape)
-    logprob_inputs = [name for name in names if name in LOGPROB_INPUT_SOURCES]
-    outputs = [COMPLETION_RECORDS, *(names[:1])]
-    for graph_name, operation in _GRAPHS:
-        graph = manifest.graphs.add(
-            name=graph_name, operation=core_pb2.Operation.Value(operation), outputs=outputs
-        )
-        for input_name, source in (*_ORDINARY_INPUTS, *_logprob_bindings(logprob_inputs)):
-            graph.inputs.add(input=input_name, source=core_pb2.ValueSource.Value(source))
-    if prompt_chunk_limit:
-        _add_scoring(manifest, prompt_chunk_limit, logprob_inputs, [*outputs, PROMPT_LOGPROBS])
+    _declare(manifest, capability, capacity, resolve_token_capacity(token_capacity))
     return manifest
 
 
-def _add_scoring(
+def _level_capability(logprobs: str, top_k: int) -> LogprobCapability:
+    """The generation capability of a logprob level; the domain's rules refuse a wrong K."""
+    if logprobs == "none":
+        return NO_LOGPROBS
+    if logprobs == "natural" and (problem := natural_top_k_problem(top_k)):
+        raise ValueError(problem)
+    return LogprobCapability(top_k=top_k, selects_ids=logprobs == "full")
+
+
+def _declare(
     manifest: core_pb2.CoreManifest,
-    chunk_limit: int,
-    logprob_inputs: Sequence[str],
-    outputs: Sequence[str],
+    capability: LogprobCapability,
+    capacity: int,
+    token_capacity: int,
 ) -> None:
-    """Appends the prompt buffers and one scored prefill per capacity of the ladder."""
-    for name, (dtype, shape) in prompt_shapes(chunk_limit).items():
-        manifest.buffers.add(name=name, dtype=core_pb2.DType.Value(dtype.upper()), shape=shape)
-    bindings = (
-        *_ORDINARY_INPUTS,
-        *_logprob_bindings(logprob_inputs),
-        (PROMPT_TARGET_TOKENS, PROMPT_TARGET_SOURCE),
-    )
-    for capacity in scored_capacities(chunk_limit):
-        graph = manifest.graphs.add(
-            name=f"scored_prefill_{capacity}",
-            operation=core_pb2.Operation.Value(SCORED_PREFILL),
-            outputs=outputs,
+    """Adds the buffers `capability` declares, in table order, and the graphs that use them."""
+    for buffer in capability.buffers:
+        dtype, shape = capability.form(buffer, capacity, token_capacity)
+        manifest.buffers.add(
+            name=buffer.name, dtype=core_pb2.DType.Value(dtype.upper()), shape=shape
         )
-        for input_name, source in bindings:
-            graph.inputs.add(input=input_name, source=core_pb2.ValueSource.Value(source))
+    generation = buffers_in(*capability.generation_groups)
+    for graph_name, operation in _GRAPHS:
+        _add_graph(manifest, graph_name, operation, generation)
+    # Scored prefills also bind the prompt targets and write the prompt rows.
+    scored = (*generation, *buffers_in(BufferGroup.PROMPT_SCORING))
+    for rows in capability.scored_capacities:
+        _add_graph(manifest, f"scored_prefill_{rows}", SCORED_PREFILL, scored)
 
 
-def _logprob_bindings(names: Sequence[str]) -> list[tuple[str, str]]:
-    order = (LOGPROB_REQUESTED, LOGPROB_TOKEN_IDS, LOGPROB_TOKEN_ID_COUNTS)
-    return [(name, LOGPROB_INPUT_SOURCES[name]) for name in order if name in names]
+def _add_graph(
+    manifest: core_pb2.CoreManifest,
+    name: str,
+    operation: str,
+    buffers: Sequence[ContractBuffer],
+) -> None:
+    """Appends a graph that binds the ordinary inputs and `buffers`' inputs, writing the rest."""
+    outputs = [buffer.name for buffer in buffers if buffer.source is None]
+    graph = manifest.graphs.add(
+        name=name, operation=core_pb2.Operation.Value(operation), outputs=outputs
+    )
+    inputs = (*_ORDINARY_INPUTS, *((b.name, b.source) for b in buffers if b.source is not None))
+    for input_name, source in inputs:
+        graph.inputs.add(input=input_name, source=core_pb2.ValueSource.Value(source))
 
 
 def write_manifest(directory: Path, manifest: core_pb2.CoreManifest) -> None:
@@ -208,7 +191,7 @@ def core_from_manifest(model_dir: Path, manifest: core_pb2.CoreManifest) -> Load
         raise
     except ValueError as error:
         raise CoreValidationError(str(error)) from error
-    capability = logprob_capability(
+    capability = validate_declarations(
         buffers, graphs, capacity=manifest.capacity, token_capacity=token_capacity
     )
     return LoadedCore(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,11 +14,19 @@ from adapters.core.export import describe_plain_model, export_core, resolve_core
 from adapters.core.manifest import (
     MANIFEST_FILE,
     MANIFEST_TEXT_FILE,
+    build_manifest,
     load_core,
     read_manifest,
     write_manifest,
 )
-from domain.capabilities import FULL_LOGPROBS, NO_LOGPROBS, CoreValidationError, LogprobCapability
+from domain.capabilities import (
+    FULL_LOGPROBS,
+    NO_LOGPROBS,
+    LogprobCapability,
+    natural_top_k_problem,
+    selected_ids_problem,
+)
+from domain.core_validation import CoreValidationError
 from tests.support.tiny_serving import build_tiny_model_dir
 
 
@@ -170,6 +179,25 @@ def test_full_export_with_fewer_alternatives_is_refused_and_leaves_nothing(
     assert export(model_dir, tmp_path / "core", "--logprobs", "full", "--top-k", "5") == 2
     assert "K=20" in capsys.readouterr().err
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("level", "top_k", "rule"),
+    [
+        ("full", 5, lambda: selected_ids_problem(5)),
+        ("natural", 0, lambda: natural_top_k_problem(0)),
+        ("natural", 21, lambda: natural_top_k_problem(21)),
+    ],
+)
+def test_a_manifest_with_a_k_its_level_cannot_have_is_refused_by_the_capability_rule(
+    level: str, top_k: int, rule: Callable[[], str | None]
+) -> None:
+    with pytest.raises(ValueError) as caught:
+        build_manifest(
+            "LlamaForCausalLM", 49152, logprobs=level, top_k=top_k, capacity=16, token_capacity=0
+        )
+
+    assert str(caught.value) == rule()
 
 
 def test_plain_model_is_described_as_a_full_core_without_writing(model_dir: Path) -> None:

@@ -22,7 +22,8 @@ from adapters.core.manifest import (
     read_manifest,
     write_manifest,
 )
-from domain.capabilities import FULL_LOGPROBS, CoreValidationError, LogprobCapability
+from domain.capabilities import FULL_LOGPROBS, LogprobCapability, scoring_problem
+from domain.core_validation import CoreValidationError
 from tests.support.tiny_serving import build_tiny_model_dir
 
 ORDINARY_INPUTS = [
@@ -158,6 +159,16 @@ def test_scoring_manifest_loads_with_the_ladder_of_its_chunk_limit(
 def test_scoring_is_refused_without_twenty_generation_alternatives(level: str, top_k: int) -> None:
     with pytest.raises(ValueError, match="prompt scoring requires K=20"):
         manifest(level, top_k, limit=512)
+
+
+@pytest.mark.parametrize(("level", "top_k", "generation_k"), [("none", 20, 0), ("natural", 5, 5)])
+def test_the_manifest_refuses_scoring_with_the_sentence_of_the_capability_rule(
+    level: str, top_k: int, generation_k: int
+) -> None:
+    with pytest.raises(ValueError) as caught:
+        manifest(level, top_k, limit=512)
+
+    assert str(caught.value) == scoring_problem(generation_k)
 
 
 def test_a_negative_chunk_limit_is_refused() -> None:

@@ -4,16 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from domain.capabilities import (
-    FULL_LOGPROBS,
-    NO_LOGPROBS,
-    BufferDeclaration,
-    CoreValidationError,
-    GraphDeclaration,
-    LogprobCapability,
-    scored_capacities,
-)
-from tests.unit.domain.test_capabilities import (
+from domain.capabilities import FULL_LOGPROBS, LogprobCapability, scored_capacities
+from domain.core_validation import CoreValidationError
+from domain.declarations import BufferDeclaration, GraphDeclaration
+from tests.unit.domain.test_core_validation import (
     CAPACITY,
     COUNTS,
     FLAG,
@@ -83,71 +77,6 @@ def natural_graphs(rows: int = C) -> list[GraphDeclaration]:
         sampler("decode", "DECODE", FLAG),
         *(scored(c, *ORDINARY, FLAG, TARGET) for c in scored_capacities(rows)),
     ]
-
-
-@pytest.mark.parametrize(
-    ("limit", "ladder"),
-    [
-        (512, (128, 512)),
-        (2048, (128, 512, 2048)),
-        (1000, (128, 512, 1000)),
-        (100, (100,)),
-        (128, (128,)),
-        (129, (128, 129)),
-        (1, (1,)),
-        (8192, (128, 512, 2048, 8192)),
-    ],
-)
-def test_scored_capacities_grow_fourfold_from_128_and_end_at_the_chunk_limit(
-    limit: int, ladder: tuple[int, ...]
-) -> None:
-    assert scored_capacities(limit) == ladder
-
-
-def test_every_ladder_ascends_by_four_below_its_limit_and_ends_there() -> None:
-    for limit in range(1, 5000):
-        ladder = scored_capacities(limit)
-        assert ladder[-1] == limit
-        below = ladder[:-1]
-        assert all(c < limit for c in below)
-        assert list(below) == [128 * 4**index for index in range(len(below))]
-        # The next rung would reach the limit, so the ladder is as long as it may be.
-        assert (128 * 4 ** len(below)) >= limit
-
-
-@pytest.mark.parametrize("limit", [0, -1, -512, True, 2.5])
-def test_scored_capacities_refuse_a_limit_that_is_not_a_positive_integer(limit: object) -> None:
-    with pytest.raises(ValueError, match="chunk limit"):
-        scored_capacities(limit)  # type: ignore[arg-type]
-
-
-def test_capabilities_without_scoring_score_no_prompts() -> None:
-    for plain in (NO_LOGPROBS, FULL_LOGPROBS, LogprobCapability(top_k=5, selects_ids=False)):
-        assert plain.scored_capacities == ()
-        assert not plain.scores_prompts
-        assert plain.scored_rows == 0
-
-
-def test_capability_with_a_ladder_scores_prompts_up_to_its_largest_capacity() -> None:
-    scoring = LogprobCapability(top_k=20, selects_ids=True, scored_capacities=[128, 512, 1000])
-    assert scoring.scored_capacities == (128, 512, 1000)
-    assert scoring.scores_prompts
-    assert scoring.scored_rows == 1000
-    assert scoring != FULL_LOGPROBS
-
-
-@pytest.mark.parametrize("capacities", [(512,), (128, 1024), (512, 128), (0,), (128, 128, 512)])
-def test_capability_refuses_capacities_that_are_not_the_ladder_of_their_largest(
-    capacities: tuple[int, ...],
-) -> None:
-    with pytest.raises(ValueError, match="scored capacities"):
-        LogprobCapability(top_k=20, selects_ids=True, scored_capacities=capacities)
-
-
-@pytest.mark.parametrize("top_k", [0, 1, 19])
-def test_capability_refuses_scoring_without_twenty_alternatives(top_k: int) -> None:
-    with pytest.raises(ValueError, match="K=20"):
-        LogprobCapability(top_k=top_k, selects_ids=False, scored_capacities=(128,))
 
 
 def test_scored_prefill_is_held_to_the_sampling_rules() -> None:
