@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adapters.cli import bootstrap  # noqa: E402
 from adapters.gpu.factory import RunnerSettings  # noqa: E402
 from domain.engine import EngineConfig  # noqa: E402
-from domain.requests import GenerationRequest  # noqa: E402
+from domain.engine_request import EngineRequest  # noqa: E402
 from domain.sampling import SamplingParams  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -40,7 +40,7 @@ def ours(engine, prompts: list[tuple[int, ...]], new_tokens: int) -> float:
     """Generated tokens per second with all `prompts` submitted at once."""
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     channels = [
-        engine.submit(GenerationRequest(f"b{i}-{time.monotonic_ns()}", p, params))
+        engine.submit(EngineRequest(f"b{i}-{time.monotonic_ns()}", p, params))
         for i, p in enumerate(prompts)
     ]
     start = time.perf_counter()

@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING
 from domain.channel import OutputChannel
 from domain.commit import min_tokens_ban, stop_token_ids
 from domain.emission import ChoiceEmission
+from domain.engine_request import CheckedRequest, EngineRequest, fresh_seed
 from domain.errors import LogprobDataError, OverloadedError
+from domain.logprob_rules import LogprobLimits, check_logprob_ask
 from domain.logprobs import PositionLogprobs
 from domain.outputs import ChoiceDelta, PromptScores, RequestEnd, Usage
 from domain.prompt_scores import new_prompt_scores
 from domain.records import CompletionRecord
-from domain.requests import GenerationRequest, fresh_seed
 from domain.scheduler import Scheduler, SchedulerConfig
 from domain.sequence import Sequence
 from domain.step import FrameResult
@@ -42,7 +43,7 @@ class EngineConfig:
 
 @dataclass(eq=False)
 class _Request:
-    request: GenerationRequest
+    request: EngineRequest
     channel: OutputChannel
     choices: list[ChoiceEmission]
     sequences: list[Sequence]
@@ -70,9 +71,13 @@ class Engine:
         self._tokenizer = tokenizer
         self.max_model_len = geometry.max_model_len
         self.vocab_size = geometry.vocab_size
-        self.logprob_top_k = geometry.logprob_top_k
-        self._selects_ids = geometry.selects_logprob_ids
-        self.scores_prompts = geometry.scores_prompts
+        self.logprob_limits = LogprobLimits(
+            top_k=geometry.logprob_top_k,
+            selects_ids=geometry.selects_logprob_ids,
+            scores_prompts=geometry.scores_prompts,
+            max_logprobs=self._config.max_logprobs,
+            vocab_size=geometry.vocab_size,
+        )
         self._scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=min(self._config.max_num_seqs or geometry.capacity, geometry.capacity),
@@ -92,27 +97,34 @@ class Engine:
     def scheduler(self) -> Scheduler:
         return self._scheduler
 
-    def check(self, request: GenerationRequest) -> None:
+    @property
+    def logprob_top_k(self) -> int:
+        return self.logprob_limits.top_k
+
+    def check(self, request: EngineRequest) -> CheckedRequest:
         """Raises InvalidRequestError for a request this engine cannot take; admits nothing."""
         request.check_limits(self.vocab_size, self.max_model_len)
-        request.check_logprobs(
-            self.logprob_top_k, self._selects_ids, self._config.max_logprobs, self.vocab_size
-        )
-        request.check_scoring(self.scores_prompts, self._config.max_logprobs)
+        check_logprob_ask(request.logprobs, self.logprob_limits)
+        return CheckedRequest(request, self)
 
-    def submit(
-        self, request: GenerationRequest, channel: OutputChannel | None = None
-    ) -> OutputChannel:
-        """Validates and queues a request; raises InvalidRequestError before admission."""
-        self.check(request)
+    def submit(self, request: EngineRequest, channel: OutputChannel | None = None) -> OutputChannel:
+        """Checks and queues one request; raises InvalidRequestError before admission."""
         if channel is None:
             channel = OutputChannel(self._config.channel_capacity)
-        with self._wake:
-            if len(self._inbox) + self._scheduler.num_waiting >= self._config.max_waiting:
-                raise OverloadedError("the server is at its admission limit; retry later")
-            self._inbox.append(("submit", (request, channel)))
-            self._wake.notify()
+        self.submit_all([(self.check(request), channel)])
         return channel
+
+    def submit_all(self, submissions: list[tuple[CheckedRequest, OutputChannel]]) -> None:
+        """Queues requests this engine checked, all of them or (when the queue is full) none."""
+        if any(checked.issuer is not self for checked, _ in submissions):
+            raise ValueError("only requests this engine checked can be submitted to it")
+        with self._wake:
+            waiting = len(self._inbox) + self._scheduler.num_waiting
+            if waiting + len(submissions) > self._config.max_waiting:
+                raise OverloadedError("the server is at its admission limit; retry later")
+            for checked, channel in submissions:
+                self._inbox.append(("submit", (checked.request, channel)))
+            self._wake.notify()
 
     def abort(self, request_id: str) -> None:
         with self._wake:
@@ -234,7 +246,7 @@ class Engine:
             else:
                 self._abort(payload)
 
-    def _admit(self, request: GenerationRequest, channel: OutputChannel) -> None:
+    def _admit(self, request: EngineRequest, channel: OutputChannel) -> None:
         if request.request_id in self._requests:
             channel.put(
                 RequestEnd(
@@ -262,17 +274,16 @@ class Engine:
                 stop_token_ids=stop_token_ids(params, eos),
                 banned_until_min_tokens=min_tokens_ban(params, eos),
                 arrival=next(self._arrivals),
-                logprobs=request.logprobs,
+                logprobs=request.options,
                 # One choice scores the prompt; the scores belong to the request, not a choice.
                 score_prompt=request.score_prompt and index == 0,
             )
             for index in range(request.n)
         ]
-        wants_logprobs = request.logprobs is not None
+        wants_logprobs = request.options is not None
+        echo = request.logprobs.echoes
         choices = [
-            ChoiceEmission(
-                index, params, self._tokenizer, logprobs=wants_logprobs, echo=request.echo
-            )
+            ChoiceEmission(index, params, self._tokenizer, logprobs=wants_logprobs, echo=echo)
             for index in range(request.n)
         ]
         entry = _Request(request, channel, choices, sequences)

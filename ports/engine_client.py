@@ -5,24 +5,27 @@ from __future__ import annotations
 from typing import Protocol
 
 from domain.channel import OutputChannel
-from domain.requests import GenerationRequest
+from domain.engine_request import CheckedRequest, EngineRequest
 
 
 class EngineClient(Protocol):
     """Accepts validated requests and streams their outputs through bounded channels.
 
     Invariants an implementation keeps:
-    - `check` raises `InvalidRequestError` for a request the engine would refuse, admitting nothing.
-    - `submit` returns at once; every submitted request ends with exactly one `RequestEnd` on its
-      channel, also when it is aborted or fails.
+    - `check` raises `InvalidRequestError` for a request the engine would refuse, admitting
+      nothing, and otherwise returns it as a `CheckedRequest`.
+    - `submit_all` queues requests that this client checked (never checking them again), all of
+      them or, when its admission queue is full, none; it returns at once. Every queued
+      request ends with exactly one `RequestEnd` on its channel, also when it is aborted or
+      fails.
     - `abort` of an unknown or finished request does nothing.
     """
 
     @property
     def max_model_len(self) -> int: ...
 
-    def check(self, request: GenerationRequest) -> None: ...
+    def check(self, request: EngineRequest) -> CheckedRequest: ...
 
-    def submit(self, request: GenerationRequest, channel: OutputChannel) -> OutputChannel: ...
+    def submit_all(self, submissions: list[tuple[CheckedRequest, OutputChannel]]) -> None: ...
 
     def abort(self, request_id: str) -> None: ...

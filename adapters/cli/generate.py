@@ -8,9 +8,9 @@ import uuid
 
 from adapters.cli import bootstrap
 from adapters.cli.runner_args import add_runner_arguments, engine_config, runner_settings
+from domain.engine_request import EngineRequest
 from domain.errors import DomainError
 from domain.outputs import ChoiceDelta, RequestEnd
-from domain.requests import GenerationRequest
 from domain.sampling import SamplingParams
 
 
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
             top_k=args.top_k,
             seed=args.seed,
         )
-        channel = loaded.engine.submit(GenerationRequest(uuid.uuid4().hex, tuple(prompt), params))
+        channel = loaded.engine.submit(EngineRequest(uuid.uuid4().hex, tuple(prompt), params))
     except DomainError as error:
         print(f"error: {error.message}", file=sys.stderr)
         return 2

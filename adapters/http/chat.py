@@ -10,10 +10,10 @@ from falcon.asgi import SSEvent
 from adapters.http import generation
 from adapters.http.body import read_json
 from adapters.http.engine_bridge import RequestGroup
-from adapters.http.parsing import chat_job
+from adapters.http.parsing import chat_request
 from adapters.http.serving import HttpSettings, ModelHolder
 from adapters.http.streaming import stream_chunks
-from domain.jobs import GenerationJob
+from domain.api_request import ApiRequest
 from domain.logprob_presentation import TokenRendering, chat_logprobs, vllm_prompt_logprobs
 from domain.outputs import ChoiceDelta, LogprobEntry, Usage
 from domain.presentation import ResponseHeader, chat_choice, chat_chunk, chat_response
@@ -26,7 +26,7 @@ class ChatCompletionsResource:
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         served = self._holder.served
-        job = chat_job(await read_json(req, self._settings.max_body_bytes), served.tokenizer)
+        job = chat_request(await read_json(req, self._settings.max_body_bytes), served.tokenizer)
         header = generation.start(job, served, "chatcmpl")
         group = generation.request_group(job, served, header, self._settings.channel_capacity)
         rendering = generation.rendering(job, served)
@@ -47,7 +47,7 @@ class ChatCompletionsResource:
 
 
 def _logprobs(
-    job: GenerationJob, entries: Sequence[LogprobEntry], rendering: TokenRendering
+    job: ApiRequest, entries: Sequence[LogprobEntry], rendering: TokenRendering
 ) -> dict | None:
     if job.logprobs is None:
         return None
@@ -55,7 +55,7 @@ def _logprobs(
 
 
 def _stream(
-    header: ResponseHeader, job: GenerationJob, group: RequestGroup, rendering: TokenRendering
+    header: ResponseHeader, job: ApiRequest, group: RequestGroup, rendering: TokenRendering
 ) -> AsyncIterator[SSEvent]:
     def build(index: int, delta: ChoiceDelta, text: str, usage: Usage | None) -> dict:
         content = {"content": text} if text else {}

@@ -10,11 +10,12 @@ from falcon.asgi import SSEvent
 from adapters.http import generation
 from adapters.http.body import read_json
 from adapters.http.engine_bridge import RequestGroup
-from adapters.http.parsing import completion_job
+from adapters.http.parsing import completion_request
 from adapters.http.serving import HttpSettings, ModelHolder
 from adapters.http.sse import done_event, json_event
 from adapters.http.streaming import stream_chunks
-from domain.jobs import GenerationJob
+from domain.api_request import ApiRequest
+from domain.engine_request import EngineRequest
 from domain.logprob_presentation import (
     TokenRendering,
     completion_logprobs,
@@ -33,7 +34,6 @@ from domain.presentation import (
     usage_chunk,
 )
 from domain.prompt_scores import PromptScore
-from domain.requests import GenerationRequest
 from ports.tokenizer import Tokenizer
 
 
@@ -44,12 +44,16 @@ class CompletionsResource:
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         served = self._holder.served
-        job = completion_job(await read_json(req, self._settings.max_body_bytes), served.tokenizer)
+        job = completion_request(
+            await read_json(req, self._settings.max_body_bytes), served.tokenizer
+        )
         header = generation.start(job, served, "cmpl")
         if not job.generates and not job.scores_prompt:
             for index, prompt in enumerate(job.prompts):
                 served.engine.check(
-                    GenerationRequest(f"{header.id}-{index}", prompt.token_ids, job.params)
+                    EngineRequest(
+                        f"{header.id}-{index}", prompt.token_ids, job.params, job.n, job.logprob_ask
+                    )
                 )
             result = _echo_only(job)
             if job.stream:
@@ -82,7 +86,7 @@ class _LogprobView:
     """A completion request's logprob objects: generated entries, echoed prompt entries and
     vLLM's `prompt_logprobs`, with each prompt's part built once for all its choices."""
 
-    def __init__(self, job: GenerationJob, rendering: TokenRendering, tokenizer: Tokenizer) -> None:
+    def __init__(self, job: ApiRequest, rendering: TokenRendering, tokenizer: Tokenizer) -> None:
         self._job = job
         self._rendering = rendering
         self._tokenizer = tokenizer
@@ -133,11 +137,11 @@ class _LogprobView:
         return self._listed[prompt]
 
 
-def _echo_prefix(job: GenerationJob, index: int) -> str:
+def _echo_prefix(job: ApiRequest, index: int) -> str:
     return job.prompts[index // job.n].text if job.echo else ""
 
 
-def _echo_only(job: GenerationJob) -> list[dict]:
+def _echo_only(job: ApiRequest) -> list[dict]:
     choices = []
     for index in range(len(job.prompts) * job.n):
         choice = ChoiceResult(index, finish_reason="length")
@@ -146,7 +150,7 @@ def _echo_only(job: GenerationJob) -> list[dict]:
 
 
 async def _echo_only_events(
-    header: ResponseHeader, job: GenerationJob, choices: list[dict]
+    header: ResponseHeader, job: ApiRequest, choices: list[dict]
 ) -> AsyncIterator[SSEvent]:
     for choice in choices:
         yield json_event(completion_chunk(header, choice["index"], choice["text"], "length"))
@@ -156,7 +160,7 @@ async def _echo_only_events(
 
 
 def _stream(
-    header: ResponseHeader, job: GenerationJob, group: RequestGroup, view: _LogprobView
+    header: ResponseHeader, job: ApiRequest, group: RequestGroup, view: _LogprobView
 ) -> AsyncIterator[SSEvent]:
     scores: dict[int, list[PromptScore]] = {}
     started: set[int] = set()

@@ -7,23 +7,23 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from domain.channel import OutputChannel
+from domain.engine_request import EngineRequest
 from domain.outputs import ChoiceDelta, RequestEnd
-from domain.requests import GenerationRequest
 from ports.engine_client import EngineClient
 
 
 class RequestGroup:
     """The engine requests of one HTTP request (one per prompt), read as one async stream.
 
-    All requests are checked before any is submitted, so a bad prompt admits nothing. Leaving the
-    iteration early (a closed connection, an error) aborts every request that has not ended.
+    All requests are checked when the group is built (a 400 before any response starts), and
+    submitted together, so a bad prompt admits nothing. Leaving the iteration early (a closed
+    connection, an error) aborts every request that has not ended.
     """
 
     def __init__(
-        self, client: EngineClient, requests: list[GenerationRequest], capacity: int = 64
+        self, client: EngineClient, requests: list[EngineRequest], capacity: int = 64
     ) -> None:
-        for request in requests:
-            client.check(request)
+        self._checked = [client.check(request) for request in requests]
         self._client = client
         self._requests = requests
         self._capacity = capacity
@@ -40,11 +40,10 @@ class RequestGroup:
                 loop.call_soon_threadsafe(ready.set)
 
         channels = [OutputChannel(self._capacity, on_ready=wake) for _ in self._requests]
-        submitted = []
+        submitted: list[str] = []
         try:
-            for request, channel in zip(self._requests, channels, strict=True):
-                self._client.submit(request, channel)
-                submitted.append(request.request_id)
+            self._client.submit_all(list(zip(self._checked, channels, strict=True)))
+            submitted = [request.request_id for request in self._requests]
             while len(self._ended) < len(channels):
                 ready.clear()
                 drained = False

@@ -9,34 +9,32 @@ from dataclasses import dataclass
 
 from adapters.http.engine_bridge import RequestGroup
 from adapters.http.serving import ServedModel
+from domain.api_request import ApiRequest
+from domain.engine_request import EngineRequest
 from domain.errors import RequestFailedError
-from domain.jobs import GenerationJob
 from domain.logprob_presentation import TokenRendering
 from domain.outputs import ChoiceDelta, PromptScores, RequestEnd, Usage
 from domain.presentation import ChoiceResult, ResponseHeader
 from domain.prompt_scores import PromptScore
-from domain.requests import GenerationRequest
 
 
-def start(job: GenerationJob, served: ServedModel, prefix: str) -> ResponseHeader:
+def start(job: ApiRequest, served: ServedModel, prefix: str) -> ResponseHeader:
     """Checks the model name and stamps the response header."""
     served.check_model(job.model)
     return ResponseHeader(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), served.name)
 
 
 def request_group(
-    job: GenerationJob, served: ServedModel, header: ResponseHeader, capacity: int
+    job: ApiRequest, served: ServedModel, header: ResponseHeader, capacity: int
 ) -> RequestGroup:
     requests = [
-        GenerationRequest(
+        EngineRequest(
             f"{header.id}-{index}",
             prompt.token_ids,
             job.params,
             job.n,
-            logprobs=job.logprobs,
-            prompt_logprobs=job.prompt_top_k,
+            logprobs=job.logprob_ask,
             prefill_only=job.scores_prompt and not job.generates,
-            echo=job.echoes_logprobs,
         )
         for index, prompt in enumerate(job.prompts)
     ]
@@ -77,7 +75,7 @@ class Collected:
     prompt_scores: list[list[PromptScore]]
 
 
-async def collect(group: RequestGroup, job: GenerationJob) -> Collected:
+async def collect(group: RequestGroup, job: ApiRequest) -> Collected:
     choices = [ChoiceResult(index) for index in range(len(job.prompts) * job.n)]
     scores: list[list[PromptScore]] = [[] for _ in job.prompts]
     prompt_tokens = completion_tokens = 0
@@ -92,10 +90,10 @@ async def collect(group: RequestGroup, job: GenerationJob) -> Collected:
     return Collected(choices, Usage(prompt_tokens, completion_tokens), scores)
 
 
-def rendering(job: GenerationJob, served: ServedModel) -> TokenRendering:
+def rendering(job: ApiRequest, served: ServedModel) -> TokenRendering:
     return TokenRendering(served.tokenizer.token_bytes, job.return_tokens_as_token_ids)
 
 
-def prompt_usage(job: GenerationJob) -> Usage:
+def prompt_usage(job: ApiRequest) -> Usage:
     """Usage of an echo-only request (max_tokens 0): the prompts, nothing generated."""
     return Usage(sum(len(p.token_ids) for p in job.prompts), 0)

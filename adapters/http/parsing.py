@@ -1,4 +1,4 @@
-"""JSON bodies of completion and chat requests into domain jobs (translation only, no rules)."""
+"""JSON bodies of completion and chat requests into API requests (translation only, no rules)."""
 
 from __future__ import annotations
 
@@ -17,15 +17,10 @@ from adapters.http.fields import (
     read_stop,
     read_str,
 )
+from domain.api_request import ApiRequest, Prompt, StreamOptions
 from domain.errors import InvalidRequestError
-from domain.jobs import GenerationJob, Prompt, StreamOptions
-from domain.logprobs import NATURAL_TOP_K, LogprobOptions
-from domain.ranges import (
-    COMPLETION_MAX_TOKENS,
-    TOKEN_BUDGET,
-    check_logprob_count,
-    check_token_ids,
-)
+from domain.logprob_rules import LogprobAsk
+from domain.ranges import COMPLETION_MAX_TOKENS, TOKEN_BUDGET, check_token_ids
 from domain.sampling import SamplingParams
 
 _ROLES = ("system", "user", "assistant", "developer", "tool")
@@ -44,33 +39,26 @@ class _Tokenizer(Protocol):
     ) -> str: ...
 
 
-def completion_job(raw: Any, tokenizer: _Tokenizer) -> GenerationJob:
+def completion_request(raw: Any, tokenizer: _Tokenizer) -> ApiRequest:
     body = read_object(raw)
     max_tokens = read_int(body, "max_tokens", 16)
     # Checked before SamplingParams, whose budget starts at 1: the 400 gives completions' own
     # range, which has 0 (echo only).
     COMPLETION_MAX_TOKENS.check(max_tokens, "max_tokens")
-    top_k = read_int(body, "logprobs", None)
-    return _job(
-        body,
-        _completion_prompts(body.get("prompt"), tokenizer),
-        max_tokens,
-        echo=read_bool(body, "echo", False),
-        logprobs=_logprob_options(body, top_k, requested=top_k is not None),
-    )
+    count = read_int(body, "logprobs", None)
+    ask = _logprob_ask(body, wanted=count is not None, count=count, count_param="logprobs")
+    return _api_request(body, _completion_prompts(body.get("prompt"), tokenizer), max_tokens, ask)
 
 
-def chat_job(raw: Any, tokenizer: _Tokenizer) -> GenerationJob:
+def chat_request(raw: Any, tokenizer: _Tokenizer) -> ApiRequest:
     body = read_object(raw)
-    wants = read_bool(body, "logprobs", False)
-    top_k = read_int(body, "top_logprobs", None)
-    if top_k is not None:
-        check_logprob_count("sample", top_k, NATURAL_TOP_K, "top_logprobs")
-    if top_k and not wants:
-        raise InvalidRequestError(
-            "when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs"
-        )
-    logprobs = _logprob_options(body, top_k or 0, requested=wants)
+    ask = _logprob_ask(
+        body,
+        wanted=read_bool(body, "logprobs", False),
+        count=read_int(body, "top_logprobs", None),
+        count_param="top_logprobs",
+        echo=False,
+    )
     messages = _messages(body.get("messages"))
     add_generation_prompt = read_bool(body, "add_generation_prompt", True)
     try:
@@ -83,7 +71,7 @@ def chat_job(raw: Any, tokenizer: _Tokenizer) -> GenerationJob:
     max_tokens = _token_budget(body, "max_completion_tokens")
     if max_tokens is None:
         max_tokens = legacy_max_tokens
-    return _job(body, (prompt,), max_tokens, echo=False, logprobs=logprobs)
+    return _api_request(body, (prompt,), max_tokens, ask)
 
 
 def _token_budget(body: dict, name: str) -> int | None:
@@ -93,16 +81,10 @@ def _token_budget(body: dict, name: str) -> int | None:
     return budget
 
 
-def _job(
-    body: dict,
-    prompts: tuple[Prompt, ...],
-    max_tokens: int | None,
-    *,
-    echo: bool,
-    logprobs: LogprobOptions | None,
-) -> GenerationJob:
+def _api_request(
+    body: dict, prompts: tuple[Prompt, ...], max_tokens: int | None, logprob_ask: LogprobAsk
+) -> ApiRequest:
     n = read_int(body, "n", 1)
-    stream = read_bool(body, "stream", False)
     params = SamplingParams(
         # An echo-only request (0) generates nothing, but its sampling settings stay valid.
         max_tokens=None if max_tokens is None else max(max_tokens, 1),
@@ -122,35 +104,32 @@ def _job(
         min_tokens=read_int(body, "min_tokens", 0),
         logit_bias=read_logit_bias(body),
     )
-    return GenerationJob(
+    return ApiRequest(
         model=read_str(body, "model", None),
         prompts=prompts,
         params=params,
         max_tokens=max_tokens,
         n=n,
-        echo=echo,
-        stream=stream,
         stream_options=_stream_options(body),
-        logprobs=logprobs,
+        logprob_ask=logprob_ask,
         return_tokens_as_token_ids=read_bool(body, "return_tokens_as_token_ids", False),
-        prompt_logprobs=read_int(body, "prompt_logprobs", None),
     )
 
 
-def _logprob_options(body: dict, top_k: int | None, *, requested: bool) -> LogprobOptions | None:
-    """The request's logprob ask; `logprob_token_ids` only together with `logprobs`."""
-    token_ids = read_int_list(body, "logprob_token_ids")
-    if "logprob_token_ids" in body and body["logprob_token_ids"] is not None and not token_ids:
-        raise InvalidRequestError(
-            "`logprob_token_ids` must not be empty.", param="logprob_token_ids"
-        )
-    if token_ids and not requested:
-        raise InvalidRequestError(
-            "when using `logprob_token_ids`, `logprobs` must be set.", param="logprob_token_ids"
-        )
-    if not requested:
-        return None
-    return LogprobOptions(top_k=top_k or 0, token_ids=token_ids)
+def _logprob_ask(
+    body: dict, *, wanted: bool, count: int | None, count_param: str, echo: bool | None = None
+) -> LogprobAsk:
+    """The logprob fields as sent; `domain.logprob_rules` decides which are a 400."""
+    present = body.get("logprob_token_ids") is not None
+    return LogprobAsk(
+        wanted=wanted,
+        count=count,
+        count_param=count_param,
+        token_ids=read_int_list(body, "logprob_token_ids") if present else None,
+        echo=read_bool(body, "echo", False) if echo is None else echo,
+        stream=read_bool(body, "stream", False),
+        prompt_logprobs=read_int(body, "prompt_logprobs", None),
+    )
 
 
 def _stream_options(body: dict) -> StreamOptions | None:

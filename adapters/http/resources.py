@@ -10,7 +10,7 @@ import yaml
 
 from adapters.http.body import read_json
 from adapters.http.fields import read_bool, read_int_list, read_object, read_str
-from adapters.http.parsing import chat_job
+from adapters.http.parsing import chat_request
 from adapters.http.serving import HttpSettings, ModelHolder, ServedModel
 from domain.errors import InvalidRequestError
 from domain.presentation import model_list
@@ -64,7 +64,7 @@ class TokenizeResource:
 
 def _tokenize(body: dict, served: ServedModel) -> list[int]:
     if "messages" in body:
-        return list(chat_job({**body, "max_tokens": 1}, served.tokenizer).prompts[0].token_ids)
+        return list(chat_request({**body, "max_tokens": 1}, served.tokenizer).prompts[0].token_ids)
     prompt = read_str(body, "prompt", None)
     if prompt is None:
         raise InvalidRequestError("`prompt` or `messages` is required", param="prompt")

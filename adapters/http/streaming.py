@@ -9,8 +9,8 @@ from falcon.asgi import SSEvent
 from adapters.http.engine_bridge import RequestGroup
 from adapters.http.generation import events
 from adapters.http.sse import done_event, error_event, json_event
+from domain.api_request import ApiRequest
 from domain.errors import DomainError
-from domain.jobs import GenerationJob
 from domain.outputs import ChoiceDelta, PromptScores, Usage
 from domain.presentation import ResponseHeader, usage_chunk
 
@@ -20,7 +20,7 @@ ChunkBuilder = Callable[[int, ChoiceDelta, str, Usage | None], dict]
 
 async def stream_chunks(
     header: ResponseHeader,
-    job: GenerationJob,
+    job: ApiRequest,
     group: RequestGroup,
     build: ChunkBuilder,
     *,

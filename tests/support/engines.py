@@ -8,8 +8,8 @@ from adapters.gpu.factory import RunnerSettings, build_executor
 from adapters.tokenizer.hf import HfTokenizer
 from domain.capabilities import FULL_LOGPROBS, LogprobCapability
 from domain.engine import Engine, EngineConfig
+from domain.engine_request import EngineRequest
 from domain.outputs import RequestEnd
-from domain.requests import GenerationRequest
 from domain.step import StepPlan
 
 
@@ -48,7 +48,7 @@ def build_engine(
     return Engine(executor, tokenizer, config), tokenizer, plans
 
 
-def drain(engine: Engine, requests: list[GenerationRequest]) -> dict[str, list]:
+def drain(engine: Engine, requests: list[EngineRequest]) -> dict[str, list]:
     """Submits every request, steps until idle, and returns each one's channel items.
 
     Each request must have ended without an error.

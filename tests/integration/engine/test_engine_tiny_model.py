@@ -6,8 +6,8 @@ from pathlib import Path
 
 from adapters.tokenizer.hf import HfTokenizer
 from domain.engine import Engine
+from domain.engine_request import EngineRequest
 from domain.outputs import ChoiceDelta, RequestEnd
-from domain.requests import GenerationRequest
 from domain.sampling import SamplingParams
 from tests.support.engines import build_engine, drain
 
@@ -21,21 +21,21 @@ PROMPTS = [
 ]
 
 
-def requests_for(tokenizer: HfTokenizer, params: list[SamplingParams]) -> list[GenerationRequest]:
+def requests_for(tokenizer: HfTokenizer, params: list[SamplingParams]) -> list[EngineRequest]:
     return [
-        GenerationRequest(f"r{i}", tuple(tokenizer.encode(prompt)), p)
+        EngineRequest(f"r{i}", tuple(tokenizer.encode(prompt)), p)
         for i, (prompt, p) in enumerate(zip(PROMPTS, params, strict=True))
     ]
 
 
-def run(engine: Engine, requests: list[GenerationRequest]) -> dict[str, list[int]]:
+def run(engine: Engine, requests: list[EngineRequest]) -> dict[str, list[int]]:
     return {
         request_id: [t for i in items if isinstance(i, ChoiceDelta) for t in i.token_ids]
         for request_id, items in drain(engine, requests).items()
     }
 
 
-def alone(model_dir: Path, requests: list[GenerationRequest]) -> dict[str, list[int]]:
+def alone(model_dir: Path, requests: list[EngineRequest]) -> dict[str, list[int]]:
     engine, _, _ = build_engine(model_dir, max_num_seqs=1, budget=512)
     return {r.request_id: run(engine, [r])[r.request_id] for r in requests}
 
@@ -107,7 +107,7 @@ def test_abort_frees_the_slot_and_blocks_at_once(tiny_model_dir):
     engine, tokenizer, _ = build_engine(tiny_model_dir)
     free_blocks = engine.scheduler.num_free_blocks
     params = SamplingParams(max_tokens=50, ignore_eos=True, seed=1)
-    channel = engine.submit(GenerationRequest("long", tuple(tokenizer.encode(PROMPTS[1])), params))
+    channel = engine.submit(EngineRequest("long", tuple(tokenizer.encode(PROMPTS[1])), params))
     for _ in range(4):
         engine.step()
     assert engine.scheduler.num_free_blocks < free_blocks

@@ -10,10 +10,10 @@ import torch
 import transformers
 
 from domain.capabilities import LogprobCapability, scored_capacities
+from domain.engine_request import EngineRequest
 from domain.errors import InvalidRequestError
-from domain.logprobs import LogprobOptions
+from domain.logprob_rules import LogprobAsk
 from domain.outputs import ChoiceDelta, PromptScores
-from domain.requests import GenerationRequest
 from domain.sampling import SamplingParams
 from tests.support.engines import build_engine, drain
 
@@ -93,7 +93,7 @@ def test_scores_equal_float64_log_softmax_across_chunks_and_capacities(
     engine, plans = make_engine(tiny_model_dir, budget=budget)
     prompts = {f"p{n}": random_prompt(n, n, engine.vocab_size) for n in lengths}
     requests = [
-        GenerationRequest(name, prompt, GREEDY, prompt_logprobs=5)
+        EngineRequest(name, prompt, GREEDY, logprobs=LogprobAsk(prompt_logprobs=5))
         for name, prompt in prompts.items()
     ]
     found = drain(engine, requests)
@@ -112,10 +112,10 @@ def test_scored_and_ordinary_requests_for_one_prompt_generate_identical_tokens(t
     engine, plans = make_engine(tiny_model_dir, budget=32)
     prompt = random_prompt(45, 7, engine.vocab_size)
     requests = [
-        GenerationRequest("scored-greedy", prompt, GREEDY, prompt_logprobs=0),
-        GenerationRequest("plain-greedy", prompt, GREEDY),
-        GenerationRequest("scored-seeded", prompt, SEEDED, n=2, prompt_logprobs=1),
-        GenerationRequest("plain-seeded", prompt, SEEDED, n=2),
+        EngineRequest("scored-greedy", prompt, GREEDY, logprobs=LogprobAsk(prompt_logprobs=0)),
+        EngineRequest("plain-greedy", prompt, GREEDY),
+        EngineRequest("scored-seeded", prompt, SEEDED, n=2, logprobs=LogprobAsk(prompt_logprobs=1)),
+        EngineRequest("plain-seeded", prompt, SEEDED, n=2),
     ]
     found = drain(engine, requests)
     assert tokens_of(found["scored-greedy"]) == tokens_of(found["plain-greedy"])
@@ -132,8 +132,8 @@ def test_scored_plans_never_carry_ordinary_lanes(tiny_model_dir):
     drain(
         engine,
         [
-            GenerationRequest("plain", plain, GREEDY),
-            GenerationRequest("scored", scored, GREEDY, prompt_logprobs=2),
+            EngineRequest("plain", plain, GREEDY),
+            EngineRequest("scored", scored, GREEDY, logprobs=LogprobAsk(prompt_logprobs=2)),
         ],
     )
 
@@ -165,7 +165,9 @@ def test_scored_plans_never_carry_ordinary_lanes(tiny_model_dir):
 def test_every_choice_outputs_only_after_the_whole_prompt_is_scored(tiny_model_dir):
     engine, _ = make_engine(tiny_model_dir, budget=16)
     prompt = random_prompt(50, 11, engine.vocab_size)
-    items = drain(engine, [GenerationRequest("r", prompt, SEEDED, n=3, prompt_logprobs=1)])["r"]
+    items = drain(
+        engine, [EngineRequest("r", prompt, SEEDED, n=3, logprobs=LogprobAsk(prompt_logprobs=1))]
+    )["r"]
     last_score = max(i for i, item in enumerate(items) if isinstance(item, PromptScores))
     first_output = min(
         i for i, item in enumerate(items) if isinstance(item, ChoiceDelta) and item.token_ids
@@ -183,7 +185,7 @@ def test_readmission_after_preemption_finishes_the_scores_without_duplicates(
     )
     prompts = {name: random_prompt(100, seed, engine.vocab_size) for seed, name in enumerate("ab")}
     requests = [
-        GenerationRequest(name, prompt, GREEDY, prompt_logprobs=3)
+        EngineRequest(name, prompt, GREEDY, logprobs=LogprobAsk(prompt_logprobs=3))
         for name, prompt in prompts.items()
     ]
     channels = {r.request_id: engine.submit(r) for r in requests}
@@ -205,7 +207,7 @@ def test_readmission_after_preemption_finishes_the_scores_without_duplicates(
         assert_scores_match(reference_model, prompt, scores_of(found[name]), engine.vocab_size)
     alone, _ = make_engine(tiny_model_dir, budget=24)
     for name, prompt in prompts.items():
-        solo = drain(alone, [GenerationRequest(name, prompt, GREEDY)])[name]
+        solo = drain(alone, [EngineRequest(name, prompt, GREEDY)])[name]
         assert tokens_of(found[name]) == tokens_of(solo)
 
 
@@ -214,7 +216,9 @@ def test_zero_output_budget_scores_the_prompt_and_generates_nothing(
 ):
     engine, plans = make_engine(tiny_model_dir, budget=32)
     prompt = random_prompt(60, 5, engine.vocab_size)
-    request = GenerationRequest("echo", prompt, GREEDY, n=2, prompt_logprobs=1, prefill_only=True)
+    request = EngineRequest(
+        "echo", prompt, GREEDY, n=2, logprobs=LogprobAsk(prompt_logprobs=1), prefill_only=True
+    )
     items = drain(engine, [request])["echo"]
     assert_scores_match(reference_model, prompt, scores_of(items), engine.vocab_size)
     deltas = [item for item in items if isinstance(item, ChoiceDelta)]
@@ -226,7 +230,9 @@ def test_zero_output_budget_scores_the_prompt_and_generates_nothing(
 
 def test_one_token_prompt_has_nothing_to_score_and_still_generates(tiny_model_dir):
     engine, _ = make_engine(tiny_model_dir, budget=32)
-    items = drain(engine, [GenerationRequest("one", (7,), GREEDY, prompt_logprobs=0)])["one"]
+    items = drain(
+        engine, [EngineRequest("one", (7,), GREEDY, logprobs=LogprobAsk(prompt_logprobs=0))]
+    )["one"]
     assert scores_of(items) == []
     assert len(tokens_of(items)) == 6
 
@@ -234,11 +240,13 @@ def test_one_token_prompt_has_nothing_to_score_and_still_generates(tiny_model_di
 def test_engine_without_scoring_rejects_prompt_logprob_requests(tiny_model_dir):
     engine, _ = make_engine(tiny_model_dir, budget=32, scoring=False)
     with pytest.raises(InvalidRequestError) as caught:
-        engine.submit(GenerationRequest("r", (1, 2, 3), GREEDY, prompt_logprobs=1))
+        engine.submit(EngineRequest("r", (1, 2, 3), GREEDY, logprobs=LogprobAsk(prompt_logprobs=1)))
     assert caught.value.param == "prompt_logprobs"
     with pytest.raises(InvalidRequestError):
         engine_with, _ = make_engine(tiny_model_dir, budget=32)
-        engine_with.submit(GenerationRequest("r", (1, 2, 3), GREEDY, prompt_logprobs=21))
+        engine_with.submit(
+            EngineRequest("r", (1, 2, 3), GREEDY, logprobs=LogprobAsk(prompt_logprobs=21))
+        )
 
 
 def test_a_scored_request_reports_generation_logprobs_through_the_completion_contract(
@@ -246,12 +254,13 @@ def test_a_scored_request_reports_generation_logprobs_through_the_completion_con
 ):
     engine, _ = make_engine(tiny_model_dir, budget=32)
     prompt = random_prompt(40, 9, engine.vocab_size)
-    options = LogprobOptions(top_k=3)
     found = drain(
         engine,
         [
-            GenerationRequest("s", prompt, GREEDY, logprobs=options, prompt_logprobs=3),
-            GenerationRequest("o", prompt, GREEDY, logprobs=options),
+            EngineRequest(
+                "s", prompt, GREEDY, logprobs=LogprobAsk(wanted=True, count=3, prompt_logprobs=3)
+            ),
+            EngineRequest("o", prompt, GREEDY, logprobs=LogprobAsk(wanted=True, count=3)),
         ],
     )
 
@@ -272,8 +281,8 @@ def test_a_scored_request_reports_generation_logprobs_through_the_completion_con
 def test_requests_without_prompt_logprobs_never_select_the_scored_operation(tiny_model_dir):
     engine, plans = make_engine(tiny_model_dir, budget=32)
     prompt = random_prompt(70, 13, engine.vocab_size)
-    options = LogprobOptions(top_k=2)
-    drain(engine, [GenerationRequest("plain", prompt, GREEDY, n=2, logprobs=options)])
+    asked = LogprobAsk(wanted=True, count=2)
+    drain(engine, [EngineRequest("plain", prompt, GREEDY, n=2, logprobs=asked)])
     assert plans and not any(plan.scored for plan in plans)
 
 

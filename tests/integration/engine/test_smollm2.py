@@ -7,8 +7,8 @@ import pytest
 from adapters.cli import bootstrap
 from adapters.gpu.factory import RunnerSettings
 from domain.engine import EngineConfig
+from domain.engine_request import EngineRequest
 from domain.outputs import ChoiceDelta, RequestEnd
-from domain.requests import GenerationRequest
 from domain.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
@@ -26,7 +26,7 @@ def test_smollm2_greedy_answer_to_the_capital_of_france_mentions_paris():
     prompt = tuple(loaded.tokenizer.encode(chat, add_special_tokens=False))
 
     channel = loaded.engine.submit(
-        GenerationRequest("paris", prompt, SamplingParams(max_tokens=30, temperature=0.0))
+        EngineRequest("paris", prompt, SamplingParams(max_tokens=30, temperature=0.0))
     )
     while loaded.engine.has_work():
         loaded.engine.step()

@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 
 from domain.engine import Engine, EngineConfig
+from domain.engine_request import EngineRequest
 from domain.errors import InvalidRequestError
-from domain.logprobs import LogprobOptions
+from domain.logprob_rules import LogprobAsk
 from domain.outputs import ChoiceDelta, RequestEnd
-from domain.requests import GenerationRequest
 from domain.sampling import SamplingParams
 from domain.step import ExecutorGeometry, FrameResult
 from tests.fakes import FAKE_EOS, FakeExecutor, FakeTokenizer, next_token
@@ -38,7 +38,7 @@ def make_engine(
     return engine, executor
 
 
-def run(engine: Engine, requests: list[GenerationRequest]) -> dict[str, list]:
+def run(engine: Engine, requests: list[EngineRequest]) -> dict[str, list]:
     channels = {r.request_id: engine.submit(r) for r in requests}
     for _ in range(10_000):
         if not engine.has_work():
@@ -69,9 +69,9 @@ def expected_tokens(prompt: tuple[int, ...], count: int) -> list[int]:
     return out
 
 
-def request(rid: str, prompt_len: int, max_tokens: int, **params) -> GenerationRequest:
+def request(rid: str, prompt_len: int, max_tokens: int, **params) -> EngineRequest:
     prompt = tuple(1 + (i * 7 + len(rid)) % 60 for i in range(prompt_len))
-    return GenerationRequest(
+    return EngineRequest(
         rid, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, **params)
     )
 
@@ -168,7 +168,7 @@ def test_stop_string_truncates_text_and_reports_the_string():
 def test_n_choices_each_get_their_own_index_and_finish():
     engine, _ = make_engine()
 
-    items = run(engine, [GenerationRequest("a", (1, 2, 3), SamplingParams(max_tokens=3), n=3)])["a"]
+    items = run(engine, [EngineRequest("a", (1, 2, 3), SamplingParams(max_tokens=3), n=3)])["a"]
 
     finishes = {i.index for i in items if isinstance(i, ChoiceDelta) and i.finished}
     assert finishes == {0, 1, 2} and items[-1].usage.completion_tokens == 9
@@ -235,7 +235,7 @@ def test_max_logprobs_caps_requests_below_the_cores_k():
         selects_logprob_ids=True,
     )
     engine = Engine(FakeExecutor(geometry), FakeTokenizer(), EngineConfig(max_logprobs=3))
-    asks = GenerationRequest("a", (1, 2), SamplingParams(), logprobs=LogprobOptions(top_k=4))
+    asks = EngineRequest("a", (1, 2), SamplingParams(), logprobs=LogprobAsk(wanted=True, count=4))
 
     with pytest.raises(InvalidRequestError, match="max allowed: 3"):
         engine.submit(asks)
@@ -267,8 +267,8 @@ def test_a_requesting_lane_without_logprob_payload_fails_that_request_only():
         selects_logprob_ids=True,
     )
     engine = Engine(PayloadDroppingExecutor(FakeExecutor(geometry)), FakeTokenizer())
-    asks = GenerationRequest(
-        "asks", (1, 2), SamplingParams(max_tokens=3), logprobs=LogprobOptions(top_k=2)
+    asks = EngineRequest(
+        "asks", (1, 2), SamplingParams(max_tokens=3), logprobs=LogprobAsk(wanted=True, count=2)
     )
 
     outputs = run(engine, [asks, request("plain", 4, 3)])

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from domain.api_request import ApiRequest, Prompt
+from domain.engine_request import EngineRequest
 from domain.errors import InvalidRequestError
-from domain.jobs import GenerationJob, Prompt
+from domain.logprob_rules import LogprobAsk
 from domain.logprobs import LogprobOptions
 from domain.ranges import INT32_MAX, IntRange, check_logprob_count, check_token_ids
-from domain.requests import GenerationRequest
 from domain.sampling import SamplingParams
 
 HUGE = 10**400
@@ -72,7 +73,7 @@ def test_token_ids_in_sampling_settings_are_int32_and_non_negative(field, value)
 
 def test_in_range_seeds_still_derive_the_same_choice_seeds():
     def seeds(seed: int) -> list[int]:
-        request = GenerationRequest("r", (1,), SamplingParams(seed=seed), n=2)
+        request = EngineRequest("r", (1,), SamplingParams(seed=seed), n=2)
         return [request.choice_seed(index, fallback=0) for index in range(2)]
 
     # Pinned values: a negative seed is its two's-complement pattern, as before the range.
@@ -89,20 +90,23 @@ def test_in_range_seeds_still_derive_the_same_choice_seeds():
         ({"n": HUGE}, "n"),
         ({"max_tokens": -1}, "max_tokens"),
         ({"max_tokens": INT32_MAX + 1}, "max_tokens"),
-        ({"prompt_logprobs": -1}, "prompt_logprobs"),
-        ({"prompt_logprobs": 21}, "prompt_logprobs"),
     ],
 )
 def test_job_integers_keep_to_their_ranges(fields, param):
-    def build() -> GenerationJob:
-        return GenerationJob(None, PROMPT, SamplingParams(), **{"max_tokens": 1, **fields})
+    def build() -> ApiRequest:
+        return ApiRequest(None, PROMPT, SamplingParams(), **{"max_tokens": 1, **fields})
 
     refused(build, param)
 
 
 def test_a_job_takes_the_largest_budget_and_twenty_prompt_alternatives():
-    job = GenerationJob(
-        None, PROMPT, SamplingParams(), max_tokens=INT32_MAX, n=16, prompt_logprobs=20
+    job = ApiRequest(
+        None,
+        PROMPT,
+        SamplingParams(),
+        max_tokens=INT32_MAX,
+        n=16,
+        logprob_ask=LogprobAsk(prompt_logprobs=20),
     )
 
     assert job.max_tokens == INT32_MAX

@@ -1,13 +1,13 @@
-"""HTTP requests translated into domain terms: what to generate and how to present it."""
+"""What a completion or chat call asked the API for: prompts, sampling, choices, presentation."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from domain.errors import InvalidRequestError
+from domain.logprob_rules import NO_LOGPROBS_ASKED, LogprobAsk
 from domain.logprobs import LogprobOptions
-from domain.prompt_scores import PROMPT_ALTERNATIVES
-from domain.ranges import CHOICES, COMPLETION_MAX_TOKENS, TOKEN_ID, check_logprob_count
+from domain.ranges import CHOICES, COMPLETION_MAX_TOKENS, TOKEN_ID
 from domain.sampling import SamplingParams
 
 MAX_PROMPTS = 64
@@ -32,11 +32,13 @@ class StreamOptions:
 
 
 @dataclass(frozen=True, slots=True)
-class GenerationJob:
-    """A completion or chat request: prompts, sampling, choices per prompt and presentation flags.
+class ApiRequest:
+    """A completion or chat request as the API received it, before it becomes engine requests
+    (one `EngineRequest` per prompt).
 
     `max_tokens == 0` is only valid with `echo` (prompt only, nothing generated). Echo with
-    `logprobs`, or `prompt_logprobs`, scores the prompt.
+    `logprobs`, or `prompt_logprobs`, scores the prompt. `echo` and `stream` are read from the
+    logprob ask, where they change which logprob requests are valid.
     """
 
     model: str | None
@@ -44,13 +46,9 @@ class GenerationJob:
     params: SamplingParams
     max_tokens: int | None
     n: int = 1
-    echo: bool = False
-    stream: bool = False
     stream_options: StreamOptions | None = None
-    logprobs: LogprobOptions | None = None
+    logprob_ask: LogprobAsk = NO_LOGPROBS_ASKED
     return_tokens_as_token_ids: bool = False
-    # vLLM's `prompt_logprobs` extra: alternatives per prompt position, or None.
-    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         CHOICES.check(self.n, "n")
@@ -68,25 +66,28 @@ class GenerationJob:
             raise InvalidRequestError(
                 "Stream options can only be defined when `stream=True`.", param="stream_options"
             )
-        if self.prompt_logprobs is not None:
-            check_logprob_count(
-                "prompt", self.prompt_logprobs, PROMPT_ALTERNATIVES, "prompt_logprobs"
-            )
-            if self.stream:
-                raise InvalidRequestError(
-                    "`prompt_logprobs` are not available when `stream=True`.",
-                    param="prompt_logprobs",
-                )
-        if self.echoes_logprobs and self.logprobs.selects:
-            raise InvalidRequestError(
-                "`logprob_token_ids` cannot be combined with `echo`: prompt positions report "
-                "natural alternatives only",
-                param="logprob_token_ids",
-            )
         if self.max_tokens == 0 and not self.echo:
             raise InvalidRequestError(
                 "max_tokens must be at least 1 unless echo is set", param="max_tokens"
             )
+
+    @property
+    def echo(self) -> bool:
+        return self.logprob_ask.echo
+
+    @property
+    def stream(self) -> bool:
+        return self.logprob_ask.stream
+
+    @property
+    def logprobs(self) -> LogprobOptions | None:
+        """What each generated position reports, or None without logprobs."""
+        return self.logprob_ask.options
+
+    @property
+    def prompt_logprobs(self) -> int | None:
+        """vLLM's `prompt_logprobs` extra: alternatives per prompt position, or None."""
+        return self.logprob_ask.prompt_logprobs
 
     @property
     def generates(self) -> bool:
@@ -95,21 +96,11 @@ class GenerationJob:
     @property
     def echoes_logprobs(self) -> bool:
         """Echoed prompt tokens carry logprob entries (the first one null)."""
-        return self.echo and self.logprobs is not None
+        return self.logprob_ask.echoes
 
     @property
     def scores_prompt(self) -> bool:
-        return self.echoes_logprobs or self.prompt_logprobs is not None
-
-    @property
-    def prompt_top_k(self) -> int | None:
-        """Alternatives each prompt position is scored for; None when the prompt is not scored.
-
-        As in vLLM, echo with `logprobs` scores the prompt at the `logprobs` count unless
-        `prompt_logprobs` says otherwise."""
-        if self.prompt_logprobs is not None:
-            return self.prompt_logprobs
-        return self.logprobs.top_k if self.echoes_logprobs else None
+        return self.logprob_ask.prompt_top_k is not None
 
     @property
     def include_usage(self) -> bool:
