@@ -89,7 +89,8 @@ class Engine:
             )
         )
         self._requests: dict[str, _Request] = {}
-        self._inbox: deque[tuple[str, object]] = deque()
+        # Submissions, and request IDs to abort, in arrival order.
+        self._inbox: deque[tuple[EngineRequest, OutputChannel] | str] = deque()
         self._wake = threading.Condition()
         self._arrivals = itertools.count()
 
@@ -123,12 +124,12 @@ class Engine:
             if waiting + len(submissions) > self._config.max_waiting:
                 raise OverloadedError("the server is at its admission limit; retry later")
             for checked, channel in submissions:
-                self._inbox.append(("submit", (checked.request, channel)))
+                self._inbox.append((checked.request, channel))
             self._wake.notify()
 
     def abort(self, request_id: str) -> None:
         with self._wake:
-            self._inbox.append(("abort", request_id))
+            self._inbox.append(request_id)
             self._wake.notify()
 
     def has_work(self) -> bool:
@@ -150,9 +151,9 @@ class Engine:
             result = self._executor.read(self._executor.submit(plan))
         except Exception as error:  # noqa: BLE001 - the step's requests fail, the engine goes on
             _log.exception("step failed")
-            failed = {self._owner(work.slot) for work in plan.works}
-            for entry in failed - {None}:
-                self._fail(entry, f"the model step failed: {error}")
+            owners = (self._owner(work.slot) for work in plan.works)
+            for failed in {owner for owner in owners if owner is not None}:
+                self._fail(failed, f"the model step failed: {error}")
             return
         for sequence, record, lane in self._scheduler.commit(result.records):
             entry = self._requests.get(sequence.request_id)
@@ -240,11 +241,11 @@ class Engine:
         with self._wake:
             messages = list(self._inbox)
             self._inbox.clear()
-        for kind, payload in messages:
-            if kind == "submit":
-                self._admit(*payload)
+        for message in messages:
+            if isinstance(message, str):
+                self._abort(message)
             else:
-                self._abort(payload)
+                self._admit(*message)
 
     def _admit(self, request: EngineRequest, channel: OutputChannel) -> None:
         if request.request_id in self._requests:

@@ -10,6 +10,7 @@ from domain.detokenizer import IncrementalDetokenizer
 from domain.logprobs import LogprobOptions, TokenLogprob, wire_logprob
 from domain.outputs import LogprobEntry
 from domain.prompt_scores import PromptScore
+from domain.wire import JsonObject
 
 if TYPE_CHECKING:  # the domain drives ports but never needs them at run time
     from ports.tokenizer import Tokenizer
@@ -57,7 +58,7 @@ def completion_logprobs(
     options: LogprobOptions,
     rendering: TokenRendering,
     offset_base: int = 0,
-) -> dict:
+) -> JsonObject:
     """`choices[].logprobs` of a completion: parallel lists, `top_logprobs` dicts with the
     chosen token first (its value identical to `token_logprobs`), `text_offset` into `text`."""
     tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
@@ -81,7 +82,7 @@ def completion_logprobs(
     }
 
 
-def _chat_token(token: TokenLogprob, rendering: TokenRendering) -> dict:
+def _chat_token(token: TokenLogprob, rendering: TokenRendering) -> JsonObject:
     return {
         "token": rendering.text(token.token_id),
         "logprob": wire_logprob(token.logprob),
@@ -91,7 +92,7 @@ def _chat_token(token: TokenLogprob, rendering: TokenRendering) -> dict:
 
 def chat_logprobs(
     entries: Sequence[LogprobEntry], options: LogprobOptions, rendering: TokenRendering
-) -> dict:
+) -> JsonObject:
     """`choices[].logprobs` of a chat completion: one content entry per token, exact raw
     `bytes`, and the true top alternatives in order (or the selected IDs in caller order)."""
     content = []
@@ -141,13 +142,13 @@ def echo_logprobs(
     top_k: int,
     rendering: TokenRendering,
     offsets: Sequence[int],
-) -> dict:
+) -> JsonObject:
     """The prompt part of an echoed completion's `logprobs`: position 0 has null logprobs, the
     others the prompt token first and then up to `top_k` alternatives (k or k+1 keys)."""
     _check_scores(token_ids, scores)
     tokens = [rendering.text(token_id) for token_id in token_ids]
     token_logprobs: list[float | None] = [None]
-    top_logprobs: list[dict | None] = [None]
+    top_logprobs: list[JsonObject | None] = [None]
     for name, score in zip(tokens[1:], scores, strict=True):
         value = wire_logprob(score.logprob)
         top = {name: value}
@@ -163,7 +164,7 @@ def echo_logprobs(
     }
 
 
-def join_completion_logprobs(first: dict, second: dict) -> dict:
+def join_completion_logprobs(first: JsonObject, second: JsonObject) -> JsonObject:
     """Two `logprobs` objects of consecutive tokens as one (prompt entries, then generated)."""
     return {key: first[key] + second[key] for key in first}
 
@@ -173,12 +174,12 @@ def vllm_prompt_logprobs(
     scores: Sequence[PromptScore],
     top_k: int,
     rendering: TokenRendering,
-) -> list[dict | None]:
-    """vLLM's `prompt_logprobs`: null for position 0, then per position a dict keyed by token ID
+) -> list[JsonObject | None]:
+    """vLLM's `prompt_logprobs`: null for position 0, then per position an object keyed by token ID
     (as a string), the prompt token first, with logprob, rank and decoded_token; then up to
     `top_k` alternatives, whose rank is one plus the number of strictly greater values."""
     _check_scores(token_ids, scores)
-    entries: list[dict | None] = [None]
+    entries: list[JsonObject | None] = [None]
     for token_id, score in zip(token_ids[1:], scores, strict=True):
         entry = {str(token_id): _ranked(token_id, score.logprob, score.rank, rendering)}
         values = [alternative.logprob for alternative in score.alternatives]
@@ -192,7 +193,7 @@ def vllm_prompt_logprobs(
     return entries
 
 
-def _ranked(token_id: int, logprob: float, rank: int, rendering: TokenRendering) -> dict:
+def _ranked(token_id: int, logprob: float, rank: int, rendering: TokenRendering) -> JsonObject:
     return {
         "logprob": wire_logprob(logprob),
         "rank": rank,

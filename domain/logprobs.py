@@ -18,11 +18,13 @@ NO_TOKEN = -1
 
 def float_to_bits(value: float) -> int:
     """FP32 bits of `value` as a signed int32, the way the packed layout stores them."""
-    return struct.unpack("<i", struct.pack("<f", value))[0]
+    bits: int = struct.unpack("<i", struct.pack("<f", value))[0]
+    return bits
 
 
 def bits_to_float(bits: int) -> float:
-    return struct.unpack("<f", struct.pack("<i", bits))[0]
+    value: float = struct.unpack("<f", struct.pack("<i", bits))[0]
+    return value
 
 
 def sort_key(logprob: float, token_id: int) -> int:

@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 
 from domain.errors import DomainError
 from domain.outputs import ChoiceDelta, LogprobEntry, Usage
+from domain.wire import JsonObject
 
 
-def usage_object(usage: Usage) -> dict:
+def usage_object(usage: Usage) -> JsonObject:
     return {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
@@ -16,7 +17,7 @@ def usage_object(usage: Usage) -> dict:
     }
 
 
-def error_object(error: DomainError) -> dict:
+def error_object(error: DomainError) -> JsonObject:
     """The OpenAI error envelope; `code` is the integer HTTP status, as vLLM sends it."""
     return {
         "error": {
@@ -61,9 +62,9 @@ def completion_choice(
     choice: ChoiceResult,
     *,
     prefix: str = "",
-    logprobs: dict | None = None,
-    prompt_logprobs: list | None = None,
-) -> dict:
+    logprobs: JsonObject | None = None,
+    prompt_logprobs: list[JsonObject | None] | None = None,
+) -> JsonObject:
     return {
         "index": choice.index,
         "text": prefix + choice.text,
@@ -74,7 +75,9 @@ def completion_choice(
     }
 
 
-def completion_response(header: ResponseHeader, choices: list[dict], usage: Usage) -> dict:
+def completion_response(
+    header: ResponseHeader, choices: list[JsonObject], usage: Usage
+) -> JsonObject:
     return {
         "id": header.id,
         "object": "text_completion",
@@ -92,8 +95,8 @@ def completion_chunk(
     finish_reason: str | None = None,
     stop_reason: str | int | None = None,
     usage: Usage | None = None,
-    logprobs: dict | None = None,
-) -> dict:
+    logprobs: JsonObject | None = None,
+) -> JsonObject:
     choice = {
         "index": index,
         "text": text,
@@ -104,7 +107,9 @@ def completion_chunk(
     return _chunk(header, "text_completion", [choice], usage)
 
 
-def _chunk(header: ResponseHeader, kind: str, choices: list[dict], usage: Usage | None) -> dict:
+def _chunk(
+    header: ResponseHeader, kind: str, choices: list[JsonObject], usage: Usage | None
+) -> JsonObject:
     """A stream frame; `usage` appears only when given (include_usage or continuous stats)."""
     chunk = {
         "id": header.id,
@@ -118,12 +123,12 @@ def _chunk(header: ResponseHeader, kind: str, choices: list[dict], usage: Usage 
     return chunk
 
 
-def usage_chunk(header: ResponseHeader, usage: Usage, *, chat: bool) -> dict:
+def usage_chunk(header: ResponseHeader, usage: Usage, *, chat: bool) -> JsonObject:
     """The last chunk of a stream with `stream_options.include_usage`: no choices, only usage."""
     return _chunk(header, "chat.completion.chunk" if chat else "text_completion", [], usage)
 
 
-def chat_choice(choice: ChoiceResult, logprobs: dict | None = None) -> dict:
+def chat_choice(choice: ChoiceResult, logprobs: JsonObject | None = None) -> JsonObject:
     return {
         "index": choice.index,
         "message": {"role": "assistant", "content": choice.text, "tool_calls": []},
@@ -135,10 +140,10 @@ def chat_choice(choice: ChoiceResult, logprobs: dict | None = None) -> dict:
 
 def chat_response(
     header: ResponseHeader,
-    choices: list[dict],
+    choices: list[JsonObject],
     usage: Usage,
-    prompt_logprobs: list | None = None,
-) -> dict:
+    prompt_logprobs: list[JsonObject | None] | None = None,
+) -> JsonObject:
     """vLLM puts a chat request's `prompt_logprobs` (its one templated prompt) at the top."""
     return {
         "id": header.id,
@@ -154,12 +159,12 @@ def chat_response(
 def chat_chunk(
     header: ResponseHeader,
     index: int,
-    delta: dict,
+    delta: JsonObject,
     finish_reason: str | None = None,
     stop_reason: str | int | None = None,
     usage: Usage | None = None,
-    logprobs: dict | None = None,
-) -> dict:
+    logprobs: JsonObject | None = None,
+) -> JsonObject:
     choice = {
         "index": index,
         "delta": delta,
@@ -170,7 +175,7 @@ def chat_chunk(
     return _chunk(header, "chat.completion.chunk", [choice], usage)
 
 
-def model_list(name: str, created: int, max_model_len: int, *, allow_logprobs: bool) -> dict:
+def model_list(name: str, created: int, max_model_len: int, *, allow_logprobs: bool) -> JsonObject:
     """`GET /v1/models`: the one served model, with vLLM's permission block."""
     return {
         "object": "list",

@@ -81,7 +81,7 @@ def new_prompt_scores(
     """
     if rows is None:
         raise LogprobDataError("a scored lane's frame carries no prompt scores")
-    fresh = []
+    fresh: list[PromptScore] = []
     for offset, score in enumerate(rows):
         row = chunk_start + offset
         if row < scored_rows or row >= len(prompt) - 1:

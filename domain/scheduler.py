@@ -203,6 +203,8 @@ class Scheduler:
         end = start + chunk
         # A zero output budget (echo of a scored prompt) prefills without sampling.
         sample = end == sequence.num_tokens and sequence.remaining > 0
+        if sequence.slot is None:
+            raise ValueError(f"sequence {sequence.request_id} is planned without a slot")
         sequence.in_flight = chunk
         banned = sequence.banned_until_min_tokens
         if len(sequence.outputs) >= sequence.params.min_tokens:
