@@ -10,9 +10,9 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from adapters.gpu import logprobs_triton  # noqa: E402
-from adapters.gpu.logprobs_reference import ReferenceLogprobReducer  # noqa: E402
-from adapters.gpu.logprobs_triton import (  # noqa: E402
+from adapters.gpu.logprobs import triton_reducer  # noqa: E402
+from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer  # noqa: E402
+from adapters.gpu.logprobs.triton_reducer import (  # noqa: E402
     TritonLogprobReducer,
     logprob_reduce_operator,
 )
@@ -174,7 +174,7 @@ def compiled_kernel_count() -> int:
     """How many kernel binaries the reducer module's Triton functions hold, all devices."""
     jitted = [
         value
-        for value in vars(logprobs_triton).values()
+        for value in vars(triton_reducer).values()
         if isinstance(value, triton.runtime.jit.JITFunction)
     ]
     if not jitted or not all(hasattr(function, "device_caches") for function in jitted):
@@ -314,9 +314,9 @@ def test_no_kernel_compiles_after_the_first_call_when_only_the_row_count_changes
 
 import torch.distributed as dist  # noqa: E402
 
-from adapters.gpu.logprobs_reference import LSE_TILE  # noqa: E402
-from adapters.gpu.logprobs_vocab_parallel import EXCHANGE_WORDS  # noqa: E402
-from adapters.gpu.logprobs_vocab_parallel_triton import (  # noqa: E402
+from adapters.gpu.logprobs.reference_reducer import LSE_TILE  # noqa: E402
+from adapters.gpu.parallel.reference_reducer import EXCHANGE_WORDS  # noqa: E402
+from adapters.gpu.parallel.triton_reducer import (  # noqa: E402
     TritonVocabParallelLogprobReducer,
     vocab_parallel_operators,
 )

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adapters.gpu.prompt_score_frames import PromptScoreFrames
-from adapters.gpu.prompt_scoring import PromptScorer
+from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
+from adapters.gpu.scoring.prompt_scorer import PromptScorer
 from domain.prompt_scores import PROMPT_ROW_WORDS, unpack_prompt_row
 
 pytestmark = pytest.mark.gpu

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adapters.gpu.completion_outputs import CompletionOutputs
+from adapters.gpu.logprobs.completion_outputs import CompletionOutputs
 from domain.logprobs import LogprobOptions
 from domain.records import CompletionRecord, Role
 from domain.sampling import SamplingParams

@@ -18,9 +18,9 @@ try:
 except ImportError:  # pragma: no cover - depends on the environment
     pytest.skip("triton is not installed: the Triton reducer cannot run", allow_module_level=True)
 
-from adapters.gpu.logprobs_reference import LSE_TILE, ReferenceLogprobReducer
-from adapters.gpu.logprobs_reference import order_keys as reference_order_keys
-from adapters.gpu.logprobs_triton import (
+from adapters.gpu.logprobs.reference_reducer import LSE_TILE, ReferenceLogprobReducer
+from adapters.gpu.logprobs.reference_reducer import order_keys as reference_order_keys
+from adapters.gpu.logprobs.triton_reducer import (
     TritonLogprobReducer,
     logprob_reduce_operator,
     order_keys,

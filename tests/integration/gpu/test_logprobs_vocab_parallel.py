@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from adapters.gpu.logprobs_reference import LSE_TILE, ReferenceLogprobReducer
-from adapters.gpu.logprobs_vocab_parallel import (
+from adapters.gpu.logprobs.reference_reducer import LSE_TILE, ReferenceLogprobReducer
+from adapters.gpu.parallel.reference_reducer import (
     EXCHANGE_WORDS,
     MAX_SHARD_TILES,
     VocabParallelLogprobReducer,

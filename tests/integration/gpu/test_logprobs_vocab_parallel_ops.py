@@ -13,8 +13,8 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton")
 
-from adapters.gpu.logprobs_reference import LSE_TILE  # noqa: E402
-from adapters.gpu.logprobs_vocab_parallel import (  # noqa: E402
+from adapters.gpu.logprobs.reference_reducer import LSE_TILE  # noqa: E402
+from adapters.gpu.parallel.reference_reducer import (  # noqa: E402
     EXCHANGE_WORDS,
     SHARD_CANDIDATES,
     VocabParallelLogprobReducer,
@@ -82,7 +82,7 @@ def _worker(rank: int, world: int, directory: str) -> None:
     # Gloo ranks hold CPU tensors, so the kernels run in Triton's interpreter even beside a GPU;
     # it must be chosen before triton is imported.
     os.environ["TRITON_INTERPRET"] = "1"
-    from adapters.gpu.logprobs_vocab_parallel_triton import TritonVocabParallelLogprobReducer
+    from adapters.gpu.parallel.triton_reducer import TritonVocabParallelLogprobReducer
 
     with gloo_rank(rank, world, directory, timeout_s=60) as results:
         results["registered_after_import"] = [_helios_has(name) for name in OPERATOR_NAMES]
@@ -143,7 +143,7 @@ def _cloned(arguments: tuple) -> tuple:
 
 @pytest.fixture(scope="module")
 def operators():
-    from adapters.gpu.logprobs_vocab_parallel_triton import vocab_parallel_operators
+    from adapters.gpu.parallel.triton_reducer import vocab_parallel_operators
 
     return vocab_parallel_operators()
 

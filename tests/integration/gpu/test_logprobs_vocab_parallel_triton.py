@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from adapters.gpu.logprobs_reference import LSE_TILE
-from adapters.gpu.logprobs_vocab_parallel import EXCHANGE_WORDS, VocabParallelLogprobReducer
+from adapters.gpu.logprobs.reference_reducer import LSE_TILE
+from adapters.gpu.parallel.reference_reducer import EXCHANGE_WORDS, VocabParallelLogprobReducer
 from tests.integration.gpu.test_logprobs_vocab_parallel import (
     SCENARIOS,
     SENTINEL,
@@ -98,7 +98,7 @@ def _worker(rank: int, world: int, directory: str) -> None:
     # Gloo ranks hold CPU tensors, so the kernels run in Triton's interpreter even beside a GPU;
     # it must be chosen before triton is imported.
     os.environ["TRITON_INTERPRET"] = "1"
-    from adapters.gpu.logprobs_vocab_parallel_triton import TritonVocabParallelLogprobReducer
+    from adapters.gpu.parallel.triton_reducer import TritonVocabParallelLogprobReducer
 
     reducers = {"torch": VocabParallelLogprobReducer, "triton": TritonVocabParallelLogprobReducer}
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from adapters.gpu.model_config import ModelConfig
+from adapters.gpu.model.config import ModelConfig
 
 LLAMA = {
     "architectures": ["LlamaForCausalLM"],

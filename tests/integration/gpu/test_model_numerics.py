@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from adapters.gpu.forward_batch import ForwardBatch, SequenceChunk
-from adapters.gpu.kv_cache import PagedKVCache
-from adapters.gpu.model import DecoderModel
-from adapters.gpu.model_config import ModelConfig
-from adapters.gpu.weights import load_model
+from adapters.gpu.loading.weights import load_model
+from adapters.gpu.model.config import ModelConfig
+from adapters.gpu.model.decoder import DecoderModel
+from adapters.gpu.model.forward_batch import ForwardBatch, SequenceChunk
+from adapters.gpu.model.kv_cache import PagedKVCache
 from tests.support.tiny_models import build_tiny_llama, build_tiny_mistral, build_tiny_qwen2
 
 transformers = pytest.importorskip("transformers")

@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from adapters.gpu.forward_batch import ForwardBatch, SequenceChunk
-from adapters.gpu.kv_cache import PagedKVCache
-from adapters.gpu.model_config import ModelConfig
-from adapters.gpu.rope import (
+from adapters.gpu.loading.weights import load_model
+from adapters.gpu.model.config import ModelConfig
+from adapters.gpu.model.forward_batch import ForwardBatch, SequenceChunk
+from adapters.gpu.model.kv_cache import PagedKVCache
+from adapters.gpu.model.rope import (
     RotaryEmbedding,
     apply_rotary,
     dynamic_ntk_inverse_frequencies,
     inverse_frequencies,
 )
-from adapters.gpu.weights import load_model
 from tests.support.tiny_models import build_tiny_llama
 
 transformers = pytest.importorskip("transformers")

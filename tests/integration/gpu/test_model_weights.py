@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from adapters.gpu.forward_batch import ForwardBatch, SequenceChunk
-from adapters.gpu.kv_cache import PagedKVCache
-from adapters.gpu.weights import MissingTensorError, load_model
+from adapters.gpu.loading.weights import MissingTensorError, load_model
+from adapters.gpu.model.forward_batch import ForwardBatch, SequenceChunk
+from adapters.gpu.model.kv_cache import PagedKVCache
 from tests.support.tiny_models import build_tiny_llama, build_tiny_qwen2
 
 pytest.importorskip("transformers")

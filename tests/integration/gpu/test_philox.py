@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adapters.gpu.philox import philox4x32_10, philox_uniform, uniform_from_bits
+from adapters.gpu.sampling.philox import philox4x32_10, philox_uniform, uniform_from_bits
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

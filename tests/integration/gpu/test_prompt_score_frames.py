@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adapters.gpu.prompt_score_frames import PromptScoreFrames
+from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
 from domain.prompt_scores import INVALID_BITS, PROMPT_ROW_WORDS
 
 VOCAB = 300

@@ -10,14 +10,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from adapters.gpu.logprobs_reference import LSE_TILE, combine_tiles, tile_statistics
-from adapters.gpu.logprobs_vocab_parallel import shard_range
-from adapters.gpu.prompt_scoring import PromptScorer
-from adapters.gpu.prompt_scoring_vocab_parallel import (
+from adapters.gpu.logprobs.reference_reducer import LSE_TILE, combine_tiles, tile_statistics
+from adapters.gpu.parallel.prompt_scorer import (
     EXCHANGE_WORDS,
     MAX_SHARD_TILES,
     VocabParallelPromptScorer,
 )
+from adapters.gpu.parallel.reference_reducer import shard_range
+from adapters.gpu.scoring.prompt_scorer import PromptScorer
 from domain.logprobs import NO_TOKEN
 from domain.prompt_scores import (
     INVALID_BITS,

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from adapters.gpu.sampler import Sampler, SamplingTensors, edited_logits, filtered_logits
+from adapters.gpu.sampling.sampler import Sampler, SamplingTensors, edited_logits, filtered_logits
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

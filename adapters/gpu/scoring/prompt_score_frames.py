@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from adapters.gpu.prompt_scoring import PromptScorer
+from adapters.gpu.scoring.prompt_scorer import PromptScorer
 from domain.logprobs import NO_TOKEN
 from domain.prompt_scores import (
     INVALID_BITS,

@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from adapters.gpu.model import DecoderModel
-from adapters.gpu.model_config import ModelConfig
+from adapters.gpu.model.config import ModelConfig
+from adapters.gpu.model.decoder import DecoderModel
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"

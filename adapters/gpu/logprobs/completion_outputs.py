@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from adapters.gpu.logprobs_reference import ReferenceLogprobReducer
+from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer
 from domain.logprobs import FULL_POSITION_WORDS, MAX_SELECTED_IDS, unpack_position
 from domain.records import HEADER_WORDS, CompletionRecord
 from domain.step import ExecutorGeometry, SlotWork
@@ -149,7 +149,7 @@ def _reducer(backend: str, vocab_size: int, top_k: int) -> ReferenceLogprobReduc
     """Both backends write the same words; Triton's launches are prepared here, at start-up."""
     if backend == "triton":
         # Imported only when chosen: triton is heavy and absent from some installs.
-        from adapters.gpu.logprobs_triton import TritonLogprobReducer
+        from adapters.gpu.logprobs.triton_reducer import TritonLogprobReducer
 
         return TritonLogprobReducer(vocab_size, top_k)
     if backend != "reference":

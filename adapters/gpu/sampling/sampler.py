@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from adapters.gpu.philox import philox_uniform
+from adapters.gpu.sampling.philox import philox_uniform
 
 # Temperatures this small would overflow float32 logits; such rows are sampled greedily (as vLLM).
 GREEDY_TEMPERATURE_BELOW = 1e-5

@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from adapters.gpu.logprobs_reference import (
+from adapters.gpu.logprobs.reference_reducer import (
     EXP_COEFFICIENTS,
     EXP_HIGH,
     EXP_LOW,

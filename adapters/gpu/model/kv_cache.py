@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from adapters.gpu.model_config import ModelConfig
+from adapters.gpu.model.config import ModelConfig
 
 
 @dataclass(frozen=True, eq=False)

@@ -6,11 +6,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from adapters.gpu.attention import AttentionMasks, paged_attention
-from adapters.gpu.forward_batch import ForwardBatch
-from adapters.gpu.kv_cache import PagedKVCache
-from adapters.gpu.model_config import ModelConfig
-from adapters.gpu.rope import RotaryEmbedding, apply_rotary
+from adapters.gpu.model.attention import AttentionMasks, paged_attention
+from adapters.gpu.model.config import ModelConfig
+from adapters.gpu.model.forward_batch import ForwardBatch
+from adapters.gpu.model.kv_cache import PagedKVCache
+from adapters.gpu.model.rope import RotaryEmbedding, apply_rotary
 
 
 def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

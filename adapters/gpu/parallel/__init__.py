@@ -1,0 +1,1 @@
+"""Vocabulary-parallel logprobs and prompt scoring: shard work joined by compact exchanges."""
