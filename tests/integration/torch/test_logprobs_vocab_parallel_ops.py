@@ -21,7 +21,7 @@ from adapters.gpu.parallel.reference_reducer import (  # noqa: E402
     shard_range,
 )
 from domain.logprobs import NATURAL_TOP_K  # noqa: E402
-from tests.integration.gpu.test_logprobs_vocab_parallel import (  # noqa: E402
+from tests.integration.torch.test_logprobs_vocab_parallel import (  # noqa: E402
     Scenario,
     _reference,
     _shard,

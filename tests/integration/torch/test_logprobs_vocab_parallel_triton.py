@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from adapters.gpu.logprobs.reference_reducer import LSE_TILE
 from adapters.gpu.parallel.reference_reducer import EXCHANGE_WORDS, VocabParallelLogprobReducer
-from tests.integration.gpu.test_logprobs_vocab_parallel import (
+from tests.integration.torch.test_logprobs_vocab_parallel import (
     SCENARIOS,
     SENTINEL,
     Scenario,
