@@ -314,7 +314,7 @@ def test_no_kernel_compiles_after_the_first_call_when_only_the_row_count_changes
 
 import torch.distributed as dist  # noqa: E402
 
-from adapters.gpu.logprobs.reference_reducer import LSE_TILE  # noqa: E402
+from adapters.gpu.logprobs.normalizer import LSE_TILE  # noqa: E402
 from adapters.gpu.parallel.reference_reducer import EXCHANGE_WORDS  # noqa: E402
 from adapters.gpu.parallel.triton_reducer import (  # noqa: E402
     TritonVocabParallelLogprobReducer,

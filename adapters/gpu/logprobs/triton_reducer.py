@@ -8,7 +8,14 @@ import torch
 import triton
 import triton.language as tl
 
-from adapters.gpu.logprobs.reference_reducer import (
+from adapters.gpu.logprobs.keys import (
+    CANDIDATES_PER_TILE,
+    LOW_WORD,
+    NAN_BITS,
+    NEGATIVE_ZERO_BITS,
+    NO_KEY,
+)
+from adapters.gpu.logprobs.normalizer import (
     EXP_COEFFICIENTS,
     EXP_HIGH,
     EXP_LOW,
@@ -18,22 +25,27 @@ from adapters.gpu.logprobs.reference_reducer import (
     LOG_COEFFICIENTS,
     LSE_TILE,
     SQRT_HALF,
-    ReferenceLogprobReducer,
 )
+from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer
 from domain.logprobs import MAX_SELECTED_IDS, NATURAL_TOP_K
 
-TILE_CANDIDATES = 32
-_LOG2_TILE = LSE_TILE.bit_length() - 1
-# Kernels may only read module globals that are constexpr.
-_NAN_BITS = tl.constexpr(0x7FC00000)  # the bits torch writes for float("nan")
-_INT32_MIN = tl.constexpr(-(2**31))
-_INT64_MIN = tl.constexpr(-(2**63))
-_LOW_WORD = tl.constexpr(0xFFFFFFFF)
+TILE_TREE_LEVELS = LSE_TILE.bit_length() - 1  # levels of a tile's pairwise exponential sum
+# Kernels may only read module globals that are constexpr: these wrap the shared numbers.
+_NAN_BITS = tl.constexpr(NAN_BITS)
+_NEGATIVE_ZERO_BITS = tl.constexpr(NEGATIVE_ZERO_BITS)
+_NO_KEY = tl.constexpr(NO_KEY)
+_LOW_WORD = tl.constexpr(LOW_WORD)
 _EXP_LOW, _EXP_HIGH = tl.constexpr(EXP_LOW), tl.constexpr(EXP_HIGH)
 _LOG2E, _SQRT_HALF = tl.constexpr(LOG2E), tl.constexpr(SQRT_HALF)
 _LN2_HIGH, _LN2_LOW = tl.constexpr(LN2_HIGH), tl.constexpr(LN2_LOW)
 _E0, _E1, _E2, _E3, _E4, _E5 = (tl.constexpr(c) for c in EXP_COEFFICIENTS)
 _L0, _L1, _L2, _L3, _L4, _L5, _L6, _L7, _L8 = (tl.constexpr(c) for c in LOG_COEFFICIENTS)
+
+
+def fusion_options() -> dict:
+    """Launch options that keep the reference's rounding: no fused multiply-add contraction,
+    which rounds once where the reference rounds twice (the interpreter never fuses)."""
+    return {} if os.environ.get("TRITON_INTERPRET") == "1" else {"enable_fp_fusion": False}
 
 
 @triton.jit
@@ -143,11 +155,11 @@ def _normalize_kernel(slots, requested, stats, lse, tiles, TILES_BLOCK: tl.const
 
 
 @triton.jit
-def order_keys(values, token_ids):
+def tl_order_keys(values, token_ids):
     """int64 sort keys of FP32 values and their IDs, as the reference order_keys."""
     bits = values.to(tl.int32, bitcast=True)
     ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-    ordered = tl.where(bits == _INT32_MIN, 0, ordered)
+    ordered = tl.where(bits == _NEGATIVE_ZERO_BITS, 0, ordered)
     return (ordered.to(tl.int64) << 32) + (_LOW_WORD - token_ids.to(tl.int64))
 
 
@@ -162,12 +174,12 @@ def _tile_candidates_kernel(
         inside = lanes < vocab
         x = tl.load(logits + row.to(tl.int64) * row_stride + lanes, mask=inside, other=0.0)
         values = x.to(tl.float32) - tl.load(lse + row)
-        ranked = tl.where(inside, order_keys(values, lanes), _INT64_MIN)
+        ranked = tl.where(inside, tl_order_keys(values, lanes), _NO_KEY)
         cell = keys + (row.to(tl.int64) * tiles + tile) * CANDIDATES
         for rank in range(CANDIDATES):  # keys are unique, so equality removes exactly one
             best = tl.max(ranked, 0)
             tl.store(cell + rank, best)
-            ranked = tl.where(ranked == best, _INT64_MIN, ranked)
+            ranked = tl.where(ranked == best, _NO_KEY, ranked)
 
 
 @triton.jit
@@ -213,12 +225,12 @@ def _merge_kernel(
             ranked = tl.load(
                 keys + row.to(tl.int64) * tiles * CANDIDATES + index,
                 mask=index < tiles * CANDIDATES,
-                other=_INT64_MIN,
+                other=_NO_KEY,
             )
             for rank in range(TOP_K):
                 best = tl.max(ranked, 0)
-                ranked = tl.where(ranked == best, _INT64_MIN, ranked)
-                found = (best + one) != _INT64_MIN  # a vocabulary smaller than K runs out
+                ranked = tl.where(ranked == best, _NO_KEY, ranked)
+                found = (best + one) != _NO_KEY  # a vocabulary smaller than K runs out
                 token_id = tl.where(found, _LOW_WORD - (best & _LOW_WORD), -1)
                 bits = _reported_bits(logits_row, token_id, found, vocab, shift)
                 tl.store(target + 2 + 2 * rank + one, token_id.to(tl.int32))
@@ -253,7 +265,7 @@ class TritonLogprobReducer(ReferenceLogprobReducer):
         rows = max(rows, 1)
         self._workspace = (
             torch.empty((rows, self.tiles, 2), dtype=torch.float32, device=device),
-            torch.empty((rows, self.tiles, TILE_CANDIDATES), dtype=torch.int64, device=device),
+            torch.empty((rows, self.tiles, CANDIDATES_PER_TILE), dtype=torch.int64, device=device),
             torch.empty(rows, dtype=torch.float32, device=device),
         )
 
@@ -280,12 +292,11 @@ class TritonLogprobReducer(ReferenceLogprobReducer):
         has_ids = counts is not None
         counts = counts if has_ids else requested  # never read without HAS_IDS
         token_ids = token_ids if has_ids else requested
-        # A fused multiply-add rounds once where the reference rounds twice.
-        common = {} if os.environ.get("TRITON_INTERPRET") == "1" else {"enable_fp_fusion": False}
+        common = fusion_options()
         row_stride, vocab, tiles = logits.stride(0), self.vocab_size, self.tiles
         tile_stats_kernel[(rows, tiles)](
             logits, row_stride, slots, requested, stats, vocab, tiles,
-            TILE=LSE_TILE, LOG2_TILE=_LOG2_TILE, **common,
+            TILE=LSE_TILE, LOG2_TILE=TILE_TREE_LEVELS, **common,
         )  # fmt: skip
         _normalize_kernel[(rows,)](
             slots, requested, stats, lse, tiles,
@@ -293,14 +304,14 @@ class TritonLogprobReducer(ReferenceLogprobReducer):
         )  # fmt: skip
         _tile_candidates_kernel[(rows, tiles)](
             logits, row_stride, slots, requested, counts, lse, keys, vocab, tiles,
-            HAS_IDS=has_ids, TILE=LSE_TILE, CANDIDATES=TILE_CANDIDATES, **common,
+            HAS_IDS=has_ids, TILE=LSE_TILE, CANDIDATES=CANDIDATES_PER_TILE, **common,
         )  # fmt: skip
         _merge_kernel[(rows,)](
             logits, row_stride, slots, positions, chosen, requested, counts, token_ids, lse,
             keys, out, out.shape[1], out.shape[2], vocab, tiles,
             HAS_IDS=has_ids, TOP_K=self.top_k,
-            CANDIDATES_BLOCK=triton.next_power_of_2(tiles * TILE_CANDIDATES),
-            CANDIDATES=TILE_CANDIDATES, SELECTED=MAX_SELECTED_IDS, **common,
+            CANDIDATES_BLOCK=triton.next_power_of_2(tiles * CANDIDATES_PER_TILE),
+            CANDIDATES=CANDIDATES_PER_TILE, SELECTED=MAX_SELECTED_IDS, **common,
         )  # fmt: skip
 
 

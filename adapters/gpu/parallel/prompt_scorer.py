@@ -7,21 +7,14 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from adapters.gpu.logprobs.reference_reducer import (
-    combine_tiles,
-    order_keys,
-    tile_statistics,
-    top_sort_keys,
-)
+from adapters.gpu.logprobs.keys import NAN_BITS, NO_KEY, key_token_ids, order_keys, top_sort_keys
+from adapters.gpu.logprobs.normalizer import combine_tiles, tile_statistics
 from adapters.gpu.parallel.reference_reducer import ShardLayout, shard_range
 from adapters.gpu.scoring.prompt_scorer import check_score_inputs, pack_prompt_rows
 from domain.logprobs import NO_TOKEN
-from domain.prompt_scores import INVALID_BITS, PROJECTION_ROWS, PROMPT_ALTERNATIVES
+from domain.prompt_scores import PROJECTION_ROWS, PROMPT_ALTERNATIVES
 
 EXCHANGE_WORDS = 64
-_LOW_WORD = 0xFFFFFFFF
-# Below every real key: a real key's low word is 2**32 - 1 - token_id, never zero.
-_NO_KEY = -(2**63)
 
 # Exchange 1 words of a row: one (FP32 maximum, exponential mass) pair per shard tile in tile
 # order, then the raw logit of the row's target where this rank owns it; the last word stays
@@ -151,7 +144,7 @@ class VocabParallelPromptScorer:
             pairs = torch.stack([peaks, masses], dim=2).flatten(1).view(torch.int32)
             words[:, : pairs.shape[1]] = pairs
         owns = valid & (targets >= self.start) & (targets < self.stop)
-        marker = torch.full_like(targets, INVALID_BITS, dtype=torch.int32)
+        marker = torch.full_like(targets, NAN_BITS, dtype=torch.int32)
         if raw.shape[1]:
             local = torch.where(owns, targets - self.start, torch.zeros_like(targets))
             owned = raw.gather(1, local[:, None])[:, 0].view(torch.int32)
@@ -187,7 +180,7 @@ class VocabParallelPromptScorer:
         best = min(PROMPT_ALTERNATIVES, width)
         if best:
             # Keys of shard lanes; shifting every ID by the shard start keeps their order.
-            local = _LOW_WORD - (top_sort_keys(values, best) & _LOW_WORD)
+            local = key_token_ids(top_sort_keys(values, best))
             ids[:, :best] = local + self.start
             # Bits come from the values themselves, so a reported -0.0 keeps its sign.
             bits[:, :best] = values.gather(1, local).view(torch.int32)
@@ -200,8 +193,8 @@ class VocabParallelPromptScorer:
         pairs = gathered[:, :, _PAIR_WORDS].reshape(self.world_size, rows, -1, 2)
         pairs = pairs.permute(1, 0, 2, 3).reshape(rows, -1, 2)
         ids, bits = pairs[:, :, 0].to(torch.int64), pairs[:, :, 1].contiguous()
-        keys = order_keys(bits.view(torch.float32), ids).masked_fill(ids == NO_TOKEN, _NO_KEY)
+        keys = order_keys(bits.view(torch.float32), ids).masked_fill(ids == NO_TOKEN, NO_KEY)
         top, at = torch.topk(keys, PROMPT_ALTERNATIVES, dim=1)
-        missing = top == _NO_KEY
+        missing = top == NO_KEY
         top_ids = ids.gather(1, at).masked_fill(missing, NO_TOKEN).to(torch.int32)
         return top_ids, bits.gather(1, at).masked_fill(missing, 0)

@@ -7,23 +7,14 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from adapters.gpu.logprobs.reference_reducer import (
-    LSE_TILE,
-    check_bundle,
-    combine_tiles,
-    order_keys,
-    tile_statistics,
-    write_positions,
-)
+from adapters.gpu.logprobs.keys import CANDIDATES_PER_TILE, NO_KEY, key_token_ids, order_keys
+from adapters.gpu.logprobs.normalizer import LSE_TILE, combine_tiles, tile_statistics
+from adapters.gpu.logprobs.reference_reducer import check_bundle, write_positions
 from domain.logprobs import MAX_SELECTED_IDS, NATURAL_TOP_K, NO_TOKEN
 
 EXCHANGE_WORDS = 256
-SHARD_CANDIDATES = 32
 
 _LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_LOW_WORD = 0xFFFFFFFF
-# Below every real key: a real key's low word is 2**32 - 1 - token_id, never zero.
-_NO_KEY = -(2**63)
 
 # Exchange 1 words of a position: one (FP32 maximum, exponential mass) pair per tile of the
 # shard, in tile order. The last pair of the 256 words stays reserved (zero), which bounds a
@@ -31,10 +22,10 @@ _NO_KEY = -(2**63)
 MAX_SHARD_TILES = EXCHANGE_WORDS // 2 - 1
 # Exchange 2 words of a position. A natural row carries its 32 best int64 keys as 64 words, then
 # the 32 reported FP32 values; a selecting row carries the 128 selected raw logits instead.
-_KEY_WORDS = slice(0, 2 * SHARD_CANDIDATES)
-_VALUE_WORDS = slice(2 * SHARD_CANDIDATES, 3 * SHARD_CANDIDATES)
-_SELECTED_WORDS = slice(0, MAX_SELECTED_IDS)
-_CHOSEN_WORD = MAX_SELECTED_IDS
+KEY_WORDS = slice(0, 2 * CANDIDATES_PER_TILE)
+VALUE_WORDS = slice(2 * CANDIDATES_PER_TILE, 3 * CANDIDATES_PER_TILE)
+SELECTED_WORDS = slice(0, MAX_SELECTED_IDS)
+CHOSEN_WORD = MAX_SELECTED_IDS
 
 
 def shard_range(vocab_size: int, world_size: int, rank: int) -> tuple[int, int]:
@@ -245,26 +236,26 @@ class VocabParallelLogprobReducer:
         """Exchange 2 payload: owned raw logits of the chosen and selected IDs, shard top keys."""
         words = self._words(raw.shape[0], raw.device)
         keys, bits = self._shard_best(raw.sub(lse[:, None]))
-        words[:, _KEY_WORDS] = keys.view(torch.int32)
-        words[:, _VALUE_WORDS] = bits
-        words[:, _CHOSEN_WORD] = self._owned(raw, chosen[:, None], None)[:, 0]
+        words[:, KEY_WORDS] = keys.view(torch.int32)
+        words[:, VALUE_WORDS] = bits
+        words[:, CHOSEN_WORD] = self._owned(raw, chosen[:, None], None)[:, 0]
         if selected_ids is not None:
             owned = self._owned(raw, selected_ids, in_prefix)
-            words[:, _SELECTED_WORDS] = torch.where(
-                selects[:, None], owned, words[:, _SELECTED_WORDS]
+            words[:, SELECTED_WORDS] = torch.where(
+                selects[:, None], owned, words[:, SELECTED_WORDS]
             )
         return words
 
     def _shard_best(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The shard's 32 largest sort keys and their reported FP32 bits, padded with no-keys."""
         rows, width = values.shape
-        best = min(SHARD_CANDIDATES, width)
-        keys = torch.full((rows, SHARD_CANDIDATES), _NO_KEY, device=values.device)
-        bits = torch.zeros(rows, SHARD_CANDIDATES, dtype=torch.int32, device=values.device)
+        best = min(CANDIDATES_PER_TILE, width)
+        keys = torch.full((rows, CANDIDATES_PER_TILE), NO_KEY, device=values.device)
+        bits = torch.zeros(rows, CANDIDATES_PER_TILE, dtype=torch.int32, device=values.device)
         if best:
             ids = torch.arange(self.start, self.stop, dtype=torch.int64, device=values.device)
             top = torch.topk(order_keys(values, ids), best, dim=1).values
-            local = (_LOW_WORD - (top & _LOW_WORD)) - self.start
+            local = key_token_ids(top) - self.start
             keys[:, :best] = top
             # Bits come from the values themselves, so a reported -0.0 keeps its sign.
             bits[:, :best] = values.gather(1, local).view(torch.int32)
@@ -304,11 +295,11 @@ class VocabParallelLogprobReducer:
     def _natural(self, gathered: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The K best (ID, bits) pairs among every rank's candidates; (-1, 0) where none is left."""
         rows = gathered.shape[1]
-        keys = gathered[:, :, _KEY_WORDS].permute(1, 0, 2).reshape(rows, -1)
-        bits = gathered[:, :, _VALUE_WORDS].permute(1, 0, 2).reshape(rows, -1)
+        keys = gathered[:, :, KEY_WORDS].permute(1, 0, 2).reshape(rows, -1)
+        bits = gathered[:, :, VALUE_WORDS].permute(1, 0, 2).reshape(rows, -1)
         top, at = torch.topk(keys.contiguous().view(torch.int64), self.top_k, dim=1)
-        missing = top == _NO_KEY
-        ids = torch.where(missing, NO_TOKEN, _LOW_WORD - (top & _LOW_WORD))
+        missing = top == NO_KEY
+        ids = torch.where(missing, NO_TOKEN, key_token_ids(top))
         top_bits = torch.where(missing, 0, bits.gather(1, at))
         return ids.to(torch.int32), top_bits
 
@@ -325,7 +316,7 @@ class VocabParallelLogprobReducer:
         out: torch.Tensor,
     ) -> None:
         """Final stage: the packed chosen pair and alternative pairs of every requesting row."""
-        chosen_bits = self._reported(gathered, lse, chosen[:, None], _CHOSEN_WORD)[:, 0]
+        chosen_bits = self._reported(gathered, lse, chosen[:, None], CHOSEN_WORD)[:, 0]
         pair_ids, pair_bits = self._natural(gathered)
         live = None
         if selected_ids is not None and in_prefix is not None:
@@ -333,7 +324,7 @@ class VocabParallelLogprobReducer:
             pair_ids = torch.nn.functional.pad(pair_ids, (0, padding), value=NO_TOKEN)
             pair_bits = torch.nn.functional.pad(pair_bits, (0, padding), value=0)
             safe = torch.where(in_prefix, selected_ids, torch.zeros_like(selected_ids))
-            selected_bits = self._reported(gathered, lse, safe, _SELECTED_WORDS.start)
+            selected_bits = self._reported(gathered, lse, safe, SELECTED_WORDS.start)
             pair_ids = torch.where(selects[:, None], selected_ids.to(torch.int32), pair_ids)
             pair_bits = torch.where(selects[:, None], selected_bits, pair_bits)
             index = torch.arange(MAX_SELECTED_IDS, device=out.device)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -11,32 +10,31 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from adapters.gpu.logprobs.reference_reducer import LSE_TILE
+from adapters.gpu.logprobs.keys import CANDIDATES_PER_TILE, LOW_WORD, NAN_BITS, NO_KEY
+from adapters.gpu.logprobs.normalizer import LSE_TILE
 from adapters.gpu.logprobs.triton_reducer import (
+    TILE_TREE_LEVELS,
+    fusion_options,
     gate_row,
-    order_keys,
     tile_stats_kernel,
     tl_finite_or_zero,
     tl_fp32_exp,
     tl_fp32_log,
+    tl_order_keys,
 )
 from adapters.gpu.parallel.reference_reducer import (
+    CHOSEN_WORD,
     EXCHANGE_WORDS,
-    SHARD_CANDIDATES,
+    VALUE_WORDS,
     VocabParallelLogprobReducer,
     shard_range,
 )
 from domain.logprobs import MAX_SELECTED_IDS
 
-_LOG2_TILE = LSE_TILE.bit_length() - 1
-# The exchange 2 layout of the torch stages: 32 int64 keys (64 words), their 32 reported values,
-# or the 128 selected raw logits; then the chosen raw logit.
-_VALUE_WORD = 2 * SHARD_CANDIDATES
-_CHOSEN_WORD = MAX_SELECTED_IDS
-# Kernels may only read module globals that are constexpr.
-_NAN_BITS = tl.constexpr(0x7FC00000)  # the bits torch writes for float("nan")
-_INT64_MIN = tl.constexpr(-(2**63))
-_LOW_WORD = tl.constexpr(0xFFFFFFFF)
+# Kernels may only read module globals that are constexpr: these wrap the shared numbers.
+_NAN_BITS = tl.constexpr(NAN_BITS)
+_NO_KEY = tl.constexpr(NO_KEY)
+_LOW_WORD = tl.constexpr(LOW_WORD)
 
 
 @triton.jit
@@ -88,12 +86,12 @@ def _shard_candidates_kernel(
         inside = lanes < width
         x = tl.load(logits + row.to(tl.int64) * row_stride + lanes, mask=inside, other=0.0)
         values = x.to(tl.float32) - tl.load(lse + row)
-        ranked = tl.where(inside, order_keys(values, lanes + start), _INT64_MIN)
+        ranked = tl.where(inside, tl_order_keys(values, lanes + start), _NO_KEY)
         cell = keys + (row.to(tl.int64) * tiles + tile) * CANDIDATES
         for rank in range(CANDIDATES):  # keys are unique, so equality removes exactly one
             best = tl.max(ranked, 0)
             tl.store(cell + rank, best)
-            ranked = tl.where(ranked == best, _INT64_MIN, ranked)
+            ranked = tl.where(ranked == best, _NO_KEY, ranked)
 
 
 @triton.jit
@@ -139,14 +137,14 @@ def _pack_candidates_kernel(
             ranked = tl.load(
                 keys + row.to(tl.int64) * tiles * CANDIDATES + candidate,
                 mask=candidate < tiles * CANDIDATES,
-                other=_INT64_MIN,
+                other=_NO_KEY,
             )
             row_keys = send_keys + row.to(tl.int64) * (WORDS // 2)
             for rank in range(CANDIDATES):
                 best = tl.max(ranked, 0)
-                ranked = tl.where(ranked == best, _INT64_MIN, ranked)
+                ranked = tl.where(ranked == best, _NO_KEY, ranked)
                 key = tl.zeros([1], dtype=tl.int64) + best
-                found = key != _INT64_MIN  # a shard narrower than 32 lanes runs out
+                found = key != _NO_KEY  # a shard narrower than 32 lanes runs out
                 local = tl.where(found, (_LOW_WORD - (key & _LOW_WORD)) - start, 0)
                 x = tl.load(logits_row + local, mask=found, other=0.0).to(tl.float32)
                 bits = tl.where(found, (x - shift).to(tl.int32, bitcast=True), 0)
@@ -215,7 +213,7 @@ def _final_merge_kernel(
             ranked = tl.load(
                 gathered_keys + rank_words // 2 + candidate % CANDIDATES,
                 mask=offered,
-                other=_INT64_MIN,
+                other=_NO_KEY,
             )
             values = tl.load(
                 gathered + rank_words + VALUE_WORD + candidate % CANDIDATES, mask=offered, other=0
@@ -223,19 +221,14 @@ def _final_merge_kernel(
             for rank in range(TOP_K):
                 best = tl.max(ranked, 0)
                 hit = ranked == best
-                ranked = tl.where(hit, _INT64_MIN, ranked)
+                ranked = tl.where(hit, _NO_KEY, ranked)
                 key = tl.zeros([1], dtype=tl.int64) + best
-                found = key != _INT64_MIN  # a vocabulary smaller than K runs out
+                found = key != _NO_KEY  # a vocabulary smaller than K runs out
                 # A real key is unique, so the masked sum is the one value sent with it.
                 bits = tl.sum(tl.where(hit, values, 0), 0)
                 token_id = tl.where(found, _LOW_WORD - (key & _LOW_WORD), -1)
                 tl.store(target + 2 + 2 * rank + one, token_id.to(tl.int32))
                 tl.store(target + 3 + 2 * rank + one, tl.where(found, bits, 0))
-
-
-def _fusion_options() -> dict:
-    # A fused multiply-add rounds once where the reference rounds twice.
-    return {} if os.environ.get("TRITON_INTERPRET") == "1" else {"enable_fp_fusion": False}
 
 
 def _statistics(
@@ -251,10 +244,10 @@ def _statistics(
     One program row per logits row; `stats` [>= R, tiles or 1, 2] and `send` [>= R, 256].
     """
     rows, stats_tiles = logits.shape[0], stats.shape[1]
-    common = _fusion_options()
+    common = fusion_options()
     tile_stats_kernel[(rows, stats_tiles)](
         logits, logits.stride(0), slots, requested, stats, width, stats_tiles,
-        TILE=LSE_TILE, LOG2_TILE=_LOG2_TILE, **common,
+        TILE=LSE_TILE, LOG2_TILE=TILE_TREE_LEVELS, **common,
     )  # fmt: skip
     _pack_statistics_kernel[(rows,)](
         slots, requested, stats.view(torch.int32), send, -(-width // LSE_TILE), stats_tiles,
@@ -284,7 +277,7 @@ def _candidates(
     has_ids = counts is not None
     counts = counts if has_ids else requested  # never read without HAS_IDS
     token_ids = token_ids if has_ids else requested
-    common, row_stride = _fusion_options(), logits.stride(0)
+    common, row_stride = fusion_options(), logits.stride(0)
     total_tiles = tile_words.shape[0]
     _combine_kernel[(rows,)](
         slots, requested, received.view(torch.float32), tile_words, lse, total_tiles,
@@ -292,15 +285,15 @@ def _candidates(
     )  # fmt: skip
     _shard_candidates_kernel[(rows, stats_tiles)](
         logits, row_stride, slots, requested, counts, lse, keys, start, width, stats_tiles,
-        HAS_IDS=has_ids, TILE=LSE_TILE, CANDIDATES=SHARD_CANDIDATES, **common,
+        HAS_IDS=has_ids, TILE=LSE_TILE, CANDIDATES=CANDIDATES_PER_TILE, **common,
     )  # fmt: skip
     _pack_candidates_kernel[(rows,)](
         logits, row_stride, slots, chosen, requested, counts, token_ids, lse, keys, send,
         send.view(torch.int64), start, width, stats_tiles,
-        HAS_IDS=has_ids, CANDIDATES=SHARD_CANDIDATES,
-        CANDIDATES_BLOCK=triton.next_power_of_2(stats_tiles * SHARD_CANDIDATES),
-        SELECTED=MAX_SELECTED_IDS, WORDS=EXCHANGE_WORDS, VALUE_WORD=_VALUE_WORD,
-        CHOSEN_WORD=_CHOSEN_WORD, **common,
+        HAS_IDS=has_ids, CANDIDATES=CANDIDATES_PER_TILE,
+        CANDIDATES_BLOCK=triton.next_power_of_2(stats_tiles * CANDIDATES_PER_TILE),
+        SELECTED=MAX_SELECTED_IDS, WORDS=EXCHANGE_WORDS, VALUE_WORD=VALUE_WORDS.start,
+        CHOSEN_WORD=CHOSEN_WORD, **common,
     )  # fmt: skip
 
 
@@ -332,11 +325,11 @@ def _merge(
         received, received.view(torch.int64), received.stride(0), stops, world, slots,
         positions, chosen, requested, counts, token_ids, lse, out, out.shape[1], out.shape[2],
         vocab_size,
-        HAS_IDS=has_ids, TOP_K=top_k, CANDIDATES=SHARD_CANDIDATES,
-        CANDIDATES_BLOCK=triton.next_power_of_2(world * SHARD_CANDIDATES),
+        HAS_IDS=has_ids, TOP_K=top_k, CANDIDATES=CANDIDATES_PER_TILE,
+        CANDIDATES_BLOCK=triton.next_power_of_2(world * CANDIDATES_PER_TILE),
         WORLD_BLOCK=triton.next_power_of_2(world), SELECTED=MAX_SELECTED_IDS,
-        WORDS=EXCHANGE_WORDS, VALUE_WORD=_VALUE_WORD, CHOSEN_WORD=_CHOSEN_WORD,
-        **_fusion_options(),
+        WORDS=EXCHANGE_WORDS, VALUE_WORD=VALUE_WORDS.start, CHOSEN_WORD=CHOSEN_WORD,
+        **fusion_options(),
     )  # fmt: skip
 
 
@@ -435,7 +428,7 @@ class TritonVocabParallelLogprobReducer(VocabParallelLogprobReducer):
         self._workspace = {
             "stats": torch.empty(rows, self._stats_tiles, 2, dtype=torch.float32, device=device),
             "keys": torch.empty(
-                rows, self._stats_tiles, SHARD_CANDIDATES, dtype=torch.int64, device=device
+                rows, self._stats_tiles, CANDIDATES_PER_TILE, dtype=torch.int64, device=device
             ),
             "lse": torch.empty(rows, dtype=torch.float32, device=device),
             # Zeroed once, so the words of rows that never requested are deterministic.

@@ -6,7 +6,8 @@ from collections.abc import Callable
 
 import torch
 
-from adapters.gpu.logprobs.reference_reducer import combine_tiles, tile_statistics, top_sort_keys
+from adapters.gpu.logprobs.keys import key_token_ids, top_sort_keys
+from adapters.gpu.logprobs.normalizer import combine_tiles, tile_statistics
 from domain.logprobs import NO_TOKEN
 from domain.prompt_scores import (
     INVALID_BITS,
@@ -14,8 +15,6 @@ from domain.prompt_scores import (
     PROMPT_ALTERNATIVES,
     PROMPT_ROW_WORDS,
 )
-
-_LOW_WORD = 0xFFFFFFFF
 
 
 class PromptScorer:
@@ -92,7 +91,7 @@ class PromptScorer:
         """The best twenty (ID, bits) pairs by sort key, (-1, 0) past a smaller vocabulary."""
         k = min(PROMPT_ALTERNATIVES, self.vocab_size)
         keys = top_sort_keys(values, k)
-        ids = _LOW_WORD - (keys & _LOW_WORD)
+        ids = key_token_ids(keys)
         # Bits are read back from the values, so a reported -0.0 keeps its sign.
         bits = values.gather(1, ids).view(torch.int32)
         missing = PROMPT_ALTERNATIVES - k

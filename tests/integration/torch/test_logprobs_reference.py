@@ -9,7 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer, order_keys
+from adapters.gpu.logprobs.keys import order_keys
+from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer
 from domain.logprobs import (
     FULL_POSITION_WORDS,
     MAX_SELECTED_IDS,

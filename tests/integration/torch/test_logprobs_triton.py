@@ -18,12 +18,13 @@ try:
 except ImportError:  # pragma: no cover - depends on the environment
     pytest.skip("triton is not installed: the Triton reducer cannot run", allow_module_level=True)
 
-from adapters.gpu.logprobs.reference_reducer import LSE_TILE, ReferenceLogprobReducer
-from adapters.gpu.logprobs.reference_reducer import order_keys as reference_order_keys
+from adapters.gpu.logprobs.keys import order_keys
+from adapters.gpu.logprobs.normalizer import LSE_TILE
+from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer
 from adapters.gpu.logprobs.triton_reducer import (
     TritonLogprobReducer,
     logprob_reduce_operator,
-    order_keys,
+    tl_order_keys,
 )
 from domain.logprobs import FULL_POSITION_WORDS, MAX_SELECTED_IDS, NATURAL_TOP_K
 
@@ -152,7 +153,7 @@ def test_ties_created_by_the_subtraction_match_the_reference(top_k) -> None:
 @triton.jit
 def _keys_kernel(values, token_ids, keys, BLOCK: tl.constexpr):
     index = tl.arange(0, BLOCK)
-    tl.store(keys + index, order_keys(tl.load(values + index), tl.load(token_ids + index)))
+    tl.store(keys + index, tl_order_keys(tl.load(values + index), tl.load(token_ids + index)))
 
 
 def test_signed_zero_and_extreme_values_get_the_reference_sort_keys() -> None:
@@ -165,7 +166,7 @@ def test_signed_zero_and_extreme_values_get_the_reference_sort_keys() -> None:
 
     _keys_kernel[(1,)](values.to(DEVICE), ids.to(torch.int32).to(DEVICE), keys, BLOCK=16)
 
-    assert keys.cpu().tolist() == reference_order_keys(values, ids).tolist()
+    assert keys.cpu().tolist() == order_keys(values, ids).tolist()
 
 
 def test_a_reported_negative_zero_keeps_its_bits_in_both_reducers() -> None:

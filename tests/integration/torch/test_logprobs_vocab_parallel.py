@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from adapters.gpu.logprobs.reference_reducer import LSE_TILE, ReferenceLogprobReducer
+from adapters.gpu.logprobs.normalizer import LSE_TILE
+from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer
 from adapters.gpu.parallel.reference_reducer import (
     EXCHANGE_WORDS,
     MAX_SHARD_TILES,

@@ -13,10 +13,10 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton")
 
-from adapters.gpu.logprobs.reference_reducer import LSE_TILE  # noqa: E402
+from adapters.gpu.logprobs.keys import CANDIDATES_PER_TILE  # noqa: E402
+from adapters.gpu.logprobs.normalizer import LSE_TILE  # noqa: E402
 from adapters.gpu.parallel.reference_reducer import (  # noqa: E402
     EXCHANGE_WORDS,
-    SHARD_CANDIDATES,
     VocabParallelLogprobReducer,
     shard_range,
 )
@@ -182,7 +182,7 @@ def staged(operators) -> dict:
             {
                 "stats": torch.zeros(rows, tiles[rank], 2, device=DEVICE),
                 "keys": torch.zeros(
-                    rows, tiles[rank], SHARD_CANDIDATES, dtype=torch.int64, device=DEVICE
+                    rows, tiles[rank], CANDIDATES_PER_TILE, dtype=torch.int64, device=DEVICE
                 ),
                 "lse": torch.zeros(rows, device=DEVICE),
                 "send": torch.zeros(rows, EXCHANGE_WORDS, dtype=torch.int32, device=DEVICE),

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from adapters.gpu.logprobs.reference_reducer import LSE_TILE
+from adapters.gpu.logprobs.normalizer import LSE_TILE
 from adapters.gpu.parallel.reference_reducer import EXCHANGE_WORDS, VocabParallelLogprobReducer
 from tests.integration.torch.test_logprobs_vocab_parallel import (
     SCENARIOS,

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from adapters.gpu.logprobs.reference_reducer import combine_tiles, tile_statistics
+from adapters.gpu.logprobs.normalizer import combine_tiles, tile_statistics
 from adapters.gpu.scoring.prompt_scorer import PromptScorer
 from domain.logprobs import NO_TOKEN, bits_to_float
 from domain.prompt_scores import (

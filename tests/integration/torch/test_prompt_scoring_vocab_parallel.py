@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from adapters.gpu.logprobs.reference_reducer import LSE_TILE, combine_tiles, tile_statistics
+from adapters.gpu.logprobs.normalizer import LSE_TILE, combine_tiles, tile_statistics
 from adapters.gpu.parallel.prompt_scorer import (
     EXCHANGE_WORDS,
     MAX_SHARD_TILES,
