@@ -6,8 +6,7 @@ import random
 from dataclasses import dataclass
 
 from domain.errors import InvalidRequestError
-from domain.logprobs import MAX_SELECTED_IDS, LogprobOptions
-from domain.prompt_scores import PROMPT_ALTERNATIVES
+from domain.logprobs import MAX_SELECTED_IDS, NATURAL_TOP_K, LogprobOptions
 from domain.sampling import SamplingParams
 
 MAX_CHOICES = 16
@@ -128,7 +127,7 @@ class GenerationRequest:
                 "(or serve a core exported with it)",
                 param="prompt_logprobs",
             )
-        limit = min(max_logprobs, PROMPT_ALTERNATIVES)
+        limit = min(max_logprobs, NATURAL_TOP_K)
         _check_count("prompt", self.prompt_logprobs, limit, "prompt_logprobs")
 
     def choice_seed(self, index: int, fallback: int) -> int:

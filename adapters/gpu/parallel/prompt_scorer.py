@@ -10,9 +10,12 @@ import torch.distributed as dist
 from adapters.gpu.logprobs.keys import NAN_BITS, NO_KEY, key_token_ids, order_keys, top_sort_keys
 from adapters.gpu.logprobs.normalizer import combine_tiles, tile_statistics
 from adapters.gpu.parallel.reference_reducer import ShardLayout, shard_range
-from adapters.gpu.scoring.prompt_scorer import check_score_inputs, pack_prompt_rows
-from domain.logprobs import NO_TOKEN
-from domain.prompt_scores import PROJECTION_ROWS, PROMPT_ALTERNATIVES
+from adapters.gpu.scoring.prompt_scorer import (
+    PROJECTION_ROWS,
+    check_score_inputs,
+    pack_prompt_rows,
+)
+from domain.logprobs import NATURAL_TOP_K, NO_TOKEN
 
 EXCHANGE_WORDS = 64
 
@@ -24,7 +27,7 @@ _TARGET_WORD = EXCHANGE_WORDS - 2
 # Exchange 2 words of a row: how many shard values are strictly greater than the target's, then
 # the shard's best twenty (ID, reported FP32 bits) pairs by sort key; the rest stays zero.
 _COUNT_WORD = 0
-_PAIR_WORDS = slice(1, 1 + 2 * PROMPT_ALTERNATIVES)
+_PAIR_WORDS = slice(1, 1 + 2 * NATURAL_TOP_K)
 
 
 class VocabParallelPromptScorer:
@@ -175,9 +178,9 @@ class VocabParallelPromptScorer:
         words = self._words(rows, values.device)
         # Equal values (ties made by subtracting lse included) never count as greater.
         words[:, _COUNT_WORD] = (values > actual[:, None]).sum(dim=1, dtype=torch.int32)
-        ids = torch.full((rows, PROMPT_ALTERNATIVES), NO_TOKEN, device=values.device)
-        bits = torch.zeros(rows, PROMPT_ALTERNATIVES, dtype=torch.int32, device=values.device)
-        best = min(PROMPT_ALTERNATIVES, width)
+        ids = torch.full((rows, NATURAL_TOP_K), NO_TOKEN, device=values.device)
+        bits = torch.zeros(rows, NATURAL_TOP_K, dtype=torch.int32, device=values.device)
+        best = min(NATURAL_TOP_K, width)
         if best:
             # Keys of shard lanes; shifting every ID by the shard start keeps their order.
             local = key_token_ids(top_sort_keys(values, best))
@@ -194,7 +197,7 @@ class VocabParallelPromptScorer:
         pairs = pairs.permute(1, 0, 2, 3).reshape(rows, -1, 2)
         ids, bits = pairs[:, :, 0].to(torch.int64), pairs[:, :, 1].contiguous()
         keys = order_keys(bits.view(torch.float32), ids).masked_fill(ids == NO_TOKEN, NO_KEY)
-        top, at = torch.topk(keys, PROMPT_ALTERNATIVES, dim=1)
+        top, at = torch.topk(keys, NATURAL_TOP_K, dim=1)
         missing = top == NO_KEY
         top_ids = ids.gather(1, at).masked_fill(missing, NO_TOKEN).to(torch.int32)
         return top_ids, bits.gather(1, at).masked_fill(missing, 0)

@@ -6,12 +6,10 @@ from collections.abc import Callable
 
 import torch
 
-from adapters.gpu.scoring.prompt_scorer import PromptScorer
-from domain.logprobs import NO_TOKEN
+from adapters.gpu.scoring.prompt_scorer import PROJECTION_ROWS, PromptScorer
+from domain.logprobs import NATURAL_TOP_K, NO_TOKEN
 from domain.prompt_scores import (
     INVALID_BITS,
-    PROJECTION_ROWS,
-    PROMPT_ALTERNATIVES,
     PROMPT_ROW_WORDS,
     PromptScore,
     unpack_prompt_row,
@@ -48,7 +46,7 @@ class PromptScoreFrames:
         self._scorer = PromptScorer(vocab_size)
         self._scorer.reserve(device)
         self._invalid_row = torch.tensor(
-            [NO_TOKEN, INVALID_BITS, 0] + [NO_TOKEN, 0] * PROMPT_ALTERNATIVES,
+            [NO_TOKEN, INVALID_BITS, 0] + [NO_TOKEN, 0] * NATURAL_TOP_K,
             dtype=torch.int32,
             device=device,
         )

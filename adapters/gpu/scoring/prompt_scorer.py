@@ -8,13 +8,12 @@ import torch
 
 from adapters.gpu.logprobs.keys import key_token_ids, top_sort_keys
 from adapters.gpu.logprobs.normalizer import combine_tiles, tile_statistics
-from domain.logprobs import NO_TOKEN
-from domain.prompt_scores import (
-    INVALID_BITS,
-    PROJECTION_ROWS,
-    PROMPT_ALTERNATIVES,
-    PROMPT_ROW_WORDS,
-)
+from domain.logprobs import NATURAL_TOP_K, NO_TOKEN
+from domain.prompt_scores import INVALID_BITS, PROMPT_ROW_WORDS
+
+# Hidden rows projected through the LM head at once: the only logit matrix scoring holds is
+# [PROJECTION_ROWS, vocabulary], whatever the chunk length.
+PROJECTION_ROWS = 64
 
 
 class PromptScorer:
@@ -89,12 +88,12 @@ class PromptScorer:
 
     def _alternatives(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The best twenty (ID, bits) pairs by sort key, (-1, 0) past a smaller vocabulary."""
-        k = min(PROMPT_ALTERNATIVES, self.vocab_size)
+        k = min(NATURAL_TOP_K, self.vocab_size)
         keys = top_sort_keys(values, k)
         ids = key_token_ids(keys)
         # Bits are read back from the values, so a reported -0.0 keeps its sign.
         bits = values.gather(1, ids).view(torch.int32)
-        missing = PROMPT_ALTERNATIVES - k
+        missing = NATURAL_TOP_K - k
         ids = ids.to(torch.int32)
         if missing:
             ids = torch.nn.functional.pad(ids, (0, missing), value=NO_TOKEN)

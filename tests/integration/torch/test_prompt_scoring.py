@@ -10,12 +10,10 @@ import pytest
 import torch
 
 from adapters.gpu.logprobs.normalizer import combine_tiles, tile_statistics
-from adapters.gpu.scoring.prompt_scorer import PromptScorer
-from domain.logprobs import NO_TOKEN, bits_to_float
+from adapters.gpu.scoring.prompt_scorer import PROJECTION_ROWS, PromptScorer
+from domain.logprobs import NATURAL_TOP_K, NO_TOKEN, bits_to_float
 from domain.prompt_scores import (
     INVALID_BITS,
-    PROJECTION_ROWS,
-    PROMPT_ALTERNATIVES,
     PROMPT_ROW_WORDS,
     prompt_targets,
     unpack_prompt_row,
@@ -82,7 +80,7 @@ def top_twenty(values: torch.Tensor) -> list[tuple[int, int]]:
     row = values.tolist()
     order = sorted(range(len(row)), key=lambda lane: (-(row[lane] + 0.0), lane))
     bits = values.view(torch.int32).tolist()
-    return [(lane, bits[lane]) for lane in order[:PROMPT_ALTERNATIVES]]
+    return [(lane, bits[lane]) for lane in order[:NATURAL_TOP_K]]
 
 
 def test_scores_equal_float64_log_softmax_of_transformers_logits(
@@ -116,17 +114,18 @@ def test_alternatives_are_the_best_twenty_by_value_then_id(
 ) -> None:
     values = reported(scored.logits)
     for position in range(PROMPT_LENGTH - 1):
-        pairs = rows[position, 3:].view(PROMPT_ALTERNATIVES, 2).tolist()
+        pairs = rows[position, 3:].view(NATURAL_TOP_K, 2).tolist()
         assert [tuple(pair) for pair in pairs] == top_twenty(values[position])
 
 
 def test_the_prompt_end_row_is_invalid(rows: torch.Tensor) -> None:
     last = rows[PROMPT_LENGTH - 1].tolist()
-    assert last == [NO_TOKEN, INVALID_BITS, 0] + [NO_TOKEN, 0] * PROMPT_ALTERNATIVES
+    assert last == [NO_TOKEN, INVALID_BITS, 0] + [NO_TOKEN, 0] * NATURAL_TOP_K
     assert unpack_prompt_row(last) is None
 
 
 def test_project_never_sees_more_than_64_rows(scored: Scored) -> None:
+    assert PROJECTION_ROWS == 64
     scored.calls.clear()
     scored.score_chunk(0, PROMPT_LENGTH)
     assert scored.calls == [PROJECTION_ROWS, PROJECTION_ROWS, PROMPT_LENGTH - 2 * PROJECTION_ROWS]
@@ -180,7 +179,7 @@ def test_a_tiny_vocabulary_pads_alternatives_and_rows_past_the_chunk_stay_unwrit
     first = unpack_prompt_row(out[0].tolist())
     assert first is not None and first.rank == 2
     assert [alternative.token_id for alternative in first.alternatives] == [2, 4, 0, 3, 1]
-    assert out[0, 13:].tolist() == [NO_TOKEN, 0] * (PROMPT_ALTERNATIVES - 5)
+    assert out[0, 13:].tolist() == [NO_TOKEN, 0] * (NATURAL_TOP_K - 5)
     assert unpack_prompt_row(out[1].tolist()) is None
     assert out[2:].eq(SENTINEL).all()
     expected = torch.log_softmax(logits[0].double(), dim=0)[4].item()

@@ -17,14 +17,9 @@ from adapters.gpu.parallel.prompt_scorer import (
     VocabParallelPromptScorer,
 )
 from adapters.gpu.parallel.reference_reducer import shard_range
-from adapters.gpu.scoring.prompt_scorer import PromptScorer
-from domain.logprobs import NO_TOKEN
-from domain.prompt_scores import (
-    INVALID_BITS,
-    PROJECTION_ROWS,
-    PROMPT_ALTERNATIVES,
-    PROMPT_ROW_WORDS,
-)
+from adapters.gpu.scoring.prompt_scorer import PROJECTION_ROWS, PromptScorer
+from domain.logprobs import NATURAL_TOP_K, NO_TOKEN
+from domain.prompt_scores import INVALID_BITS, PROMPT_ROW_WORDS
 from tests.support.gloo import gloo_rank, record_each, refusal, spawn_worlds
 
 SENTINEL = 0x5A5A5A5A
@@ -87,7 +82,7 @@ def _ties_across_shards() -> Scenario:
     logits = torch.full((3, VOCAB), -2.0)
     logits[:, TOP] = 3.0
     logits[:, TIED] = 1.0  # more equal values at the cutoff than any one shard offers
-    leaders = TOP + sorted(TIED)[: PROMPT_ALTERNATIVES - len(TOP)]
+    leaders = TOP + sorted(TIED)[: NATURAL_TOP_K - len(TOP)]
     return Scenario(
         VOCAB,
         logits,
@@ -302,7 +297,7 @@ def test_a_vocabulary_smaller_than_twenty_pads_alternatives_with_minus_one(outco
         for _, _, got in _produced(outcomes, name):
             for row in range(2):
                 tail = got[row, 3 + 2 * vocab :].tolist()
-                assert tail == [NO_TOKEN, 0] * (PROMPT_ALTERNATIVES - vocab), (name, row)
+                assert tail == [NO_TOKEN, 0] * (NATURAL_TOP_K - vocab), (name, row)
 
 
 def test_a_reported_negative_zero_keeps_its_sign_bit(outcomes) -> None:
@@ -315,7 +310,7 @@ def test_a_reported_negative_zero_keeps_its_sign_bit(outcomes) -> None:
 def test_invalid_targets_write_invalid_rows_and_rows_past_the_chunk_stay_unwritten(
     outcomes,
 ) -> None:
-    invalid = [NO_TOKEN, INVALID_BITS, 0] + [NO_TOKEN, 0] * PROMPT_ALTERNATIVES
+    invalid = [NO_TOKEN, INVALID_BITS, 0] + [NO_TOKEN, 0] * NATURAL_TOP_K
     for name in SCENARIOS:
         scenario = SCENARIOS[name]()
         for _, _, got in _produced(outcomes, name):
