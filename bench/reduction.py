@@ -26,6 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from adapters.gpu.logprobs.reducer import ReductionInputs  # noqa: E402
 from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer  # noqa: E402
 from domain.logprobs import NATURAL_TOP_K  # noqa: E402
 
@@ -65,14 +66,16 @@ class Inputs:
     def reducer_call(self, reducer) -> Callable[[torch.Tensor], None]:
         def call(logits: torch.Tensor) -> None:
             reducer.reduce(
-                logits,
-                self.slots,
-                self.positions,
-                self.chosen,
-                self.requested,
-                None,
-                None,
-                self.out,
+                ReductionInputs(
+                    logits,
+                    self.slots,
+                    self.positions,
+                    self.chosen,
+                    self.requested,
+                    None,
+                    None,
+                    self.out,
+                )
             )
 
         return call

@@ -11,11 +11,10 @@ import torch
 triton = pytest.importorskip("triton")
 
 from adapters.gpu.logprobs import triton_reducer  # noqa: E402
+from adapters.gpu.logprobs.custom_op import logprob_reduce_operator  # noqa: E402
+from adapters.gpu.logprobs.reducer import LogprobReducer, ReductionInputs  # noqa: E402
 from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer  # noqa: E402
-from adapters.gpu.logprobs.triton_reducer import (  # noqa: E402
-    TritonLogprobReducer,
-    logprob_reduce_operator,
-)
+from adapters.gpu.logprobs.triton_reducer import TritonLogprobReducer  # noqa: E402
 from domain.logprobs import FULL_POSITION_WORDS, MAX_SELECTED_IDS, NATURAL_TOP_K  # noqa: E402
 
 # Every test here needs a CUDA device; tests/conftest.py skips them where there is none.
@@ -150,9 +149,9 @@ def empty_frame(batch: Batch) -> torch.Tensor:
     return torch.full(shape, SENTINEL, dtype=torch.int32, device=batch.logits.device)
 
 
-def reduce_into_frame(reducer: ReferenceLogprobReducer, batch: Batch) -> torch.Tensor:
+def reduce_into_frame(reducer: LogprobReducer, batch: Batch) -> torch.Tensor:
     out = empty_frame(batch)
-    reducer.reduce(*batch.arguments(), out)
+    reducer.reduce(ReductionInputs(*batch.arguments(), out))
     return out
 
 
@@ -244,11 +243,12 @@ def test_a_captured_cuda_graph_replays_fresh_inputs_into_the_reference_words() -
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        reducer.reduce(*static.arguments(), out)  # compiles every kernel outside the capture
+        # Compiles every kernel outside the capture.
+        reducer.reduce(ReductionInputs(*static.arguments(), out))
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        reducer.reduce(*static.arguments(), out)
+        reducer.reduce(ReductionInputs(*static.arguments(), out))
 
     for seed in (1, 2):
         fresh = mixed_batch(rows, vocab, torch.bfloat16, seed)
@@ -315,11 +315,9 @@ def test_no_kernel_compiles_after_the_first_call_when_only_the_row_count_changes
 import torch.distributed as dist  # noqa: E402
 
 from adapters.gpu.logprobs.normalizer import LSE_TILE  # noqa: E402
+from adapters.gpu.parallel.custom_ops import vocab_parallel_operators  # noqa: E402
 from adapters.gpu.parallel.reference_reducer import EXCHANGE_WORDS  # noqa: E402
-from adapters.gpu.parallel.triton_reducer import (  # noqa: E402
-    TritonVocabParallelLogprobReducer,
-    vocab_parallel_operators,
-)
+from adapters.gpu.parallel.triton_reducer import TritonVocabParallelLogprobReducer  # noqa: E402
 
 # SmolLM2's vocabulary: 48 tiles, within what one rank's exchange 1 carries (Qwen2's is not).
 SHARDED_VOCAB = 49_152
@@ -361,12 +359,12 @@ def test_a_captured_vocab_parallel_reducer_replays_fresh_inputs_into_the_eager_w
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        reducer.reduce(*static.arguments(), out)
+        reducer.reduce(ReductionInputs(*static.arguments(), out))
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        reducer.reduce(*static.arguments(), out)
+        reducer.reduce(ReductionInputs(*static.arguments(), out))
 
     eager = TritonVocabParallelLogprobReducer(vocab, NATURAL_TOP_K, rank=0, world_size=1)
     for seed in (1, 2):

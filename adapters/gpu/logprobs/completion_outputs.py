@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from adapters.gpu.logprobs.reducer import LogprobReducer, ReductionInputs
 from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer
 from domain.logprobs import FULL_POSITION_WORDS, MAX_SELECTED_IDS, unpack_position
 from domain.records import HEADER_WORDS, CompletionRecord
@@ -61,10 +62,7 @@ class CompletionOutputs:
     def _prepare(self) -> None:
         """Sizes the reducer's workspaces and runs it once on a scratch frame, so any kernel
         compilation happens at start-up (before capture), never while serving."""
-        capacity = self._geometry.capacity
-        reserve = getattr(self._reducer, "reserve", None)
-        if reserve is not None:
-            reserve(capacity, self._device)
+        self._reducer.reserve(self._geometry.capacity, self._device)
         logits = torch.zeros(
             (1, self._geometry.vocab_size), dtype=torch.float32, device=self._device
         )
@@ -73,7 +71,10 @@ class CompletionOutputs:
         requested[0] = 1
         counts = None if self.counts is None else torch.zeros_like(self.counts)
         zero = torch.zeros(1, dtype=torch.int64, device=self._device)
-        self._reducer.reduce(logits, zero, zero, zero, requested, counts, self.token_ids, scratch)
+        inputs = ReductionInputs(
+            logits, zero, zero, zero, requested, counts, self.token_ids, scratch
+        )
+        self._reducer.reduce(inputs)
 
     def upload(self, frame: int, sampling: list[SlotWork]) -> bool:
         """Writes this submission's flags, counts and ID prefixes; True if any lane requests."""
@@ -103,14 +104,16 @@ class CompletionOutputs:
         slots = torch.tensor([w.slot for w in sampling], dtype=torch.int64, device=self._device)
         positions = torch.zeros_like(slots)  # ordinary sampling emits position zero
         self._reducer.reduce(
-            logits,
-            slots,
-            positions,
-            chosen,
-            self.requested,
-            self.counts,
-            self.token_ids,
-            self.logprobs[frame],
+            ReductionInputs(
+                logits,
+                slots,
+                positions,
+                chosen,
+                self.requested,
+                self.counts,
+                self.token_ids,
+                self.logprobs[frame],
+            )
         )
 
     def commit(self, frame: int, records: list[CompletionRecord]) -> None:
@@ -145,7 +148,7 @@ class CompletionOutputs:
         return FrameResult(frame, records, tuple(logprobs))
 
 
-def _reducer(backend: str, vocab_size: int, top_k: int) -> ReferenceLogprobReducer:
+def _reducer(backend: str, vocab_size: int, top_k: int) -> LogprobReducer:
     """Both backends write the same words; Triton's launches are prepared here, at start-up."""
     if backend == "triton":
         # Imported only when chosen: triton is heavy and absent from some installs.

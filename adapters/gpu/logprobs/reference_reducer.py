@@ -6,53 +6,27 @@ import torch
 
 from adapters.gpu.logprobs.keys import key_token_ids, top_sort_keys
 from adapters.gpu.logprobs.normalizer import log_normalizer
+from adapters.gpu.logprobs.reducer import ReductionInputs, check_inputs, check_sizes
 from domain.logprobs import MAX_SELECTED_IDS, NATURAL_TOP_K, NO_TOKEN
-
-_LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def check_bundle(
-    out: torch.Tensor, counts: torch.Tensor | None, token_ids: torch.Tensor | None, top_k: int
-) -> None:
-    """The frame and ID inputs every reducer writes and reads have the contract's forms."""
-    if (counts is None) != (token_ids is None):
-        raise ValueError("counts and token_ids are declared together or not at all")
-    needed = MAX_SELECTED_IDS if counts is not None else top_k
-    if out.dtype != torch.int32 or out.dim() != 3 or out.shape[2] < 2 + 2 * needed:
-        raise ValueError(
-            f"out must be int32 [capacity, T, >= {2 + 2 * needed}], got "
-            f"{out.dtype} {tuple(out.shape)}"
-        )
-    if not out.is_contiguous():
-        raise ValueError("out must be contiguous: it is written through its flat view")
 
 
 class ReferenceLogprobReducer:
-    """Reports sampled rows' logprobs into `completion_logprobs` with torch operations.
+    """`LogprobReducer` from torch operations: the oracle every other reducer matches.
 
     The only host synchronization is choosing the requesting rows, whose count shapes the work;
-    everything after it is shape-static, so no other device value reaches the host.
+    everything after it is shape-static, so no other device value reaches the host. It keeps
+    no workspace, so `reserve` has nothing to size.
     """
 
     def __init__(self, vocab_size: int, top_k: int = NATURAL_TOP_K) -> None:
-        if vocab_size < 1:
-            raise ValueError(f"vocab_size must be positive, got {vocab_size}")
-        if not 1 <= top_k <= NATURAL_TOP_K:
-            raise ValueError(f"top_k must be in 1..{NATURAL_TOP_K}, got {top_k}")
+        check_sizes(vocab_size, top_k)
         self.vocab_size = vocab_size
         self.top_k = top_k
 
-    def reduce(
-        self,
-        logits: torch.Tensor,
-        slots: torch.Tensor,
-        positions: torch.Tensor,
-        chosen: torch.Tensor,
-        requested: torch.Tensor,
-        counts: torch.Tensor | None,
-        token_ids: torch.Tensor | None,
-        out: torch.Tensor,
-    ) -> None:
+    def reserve(self, capacity: int, device: torch.device | str) -> None:
+        """Nothing to size: every call allocates what its requesting rows need."""
+
+    def reduce(self, inputs: ReductionInputs) -> None:
         """Writes each requesting row's chosen pair and alternative pairs to out[slot, position].
 
         `logits` [R, V_padded] are the raw rows before any sampling transform and are only read.
@@ -62,7 +36,8 @@ class ReferenceLogprobReducer:
         past those pairs keep their contents. Selected or chosen IDs outside the real vocabulary
         report NaN instead of reading a padded lane.
         """
-        self._check(logits, out, counts, token_ids)
+        check_inputs(inputs, self.vocab_size, self.top_k)
+        logits, slots, positions, chosen, requested, counts, token_ids, out = inputs
         wanted = requested.index_select(0, slots) != 0
         rows = torch.nonzero(wanted).squeeze(1)
         if rows.numel() == 0:
@@ -78,21 +53,6 @@ class ReferenceLogprobReducer:
             )
         chosen_bits = self._read(values, chosen, torch.ones_like(chosen, dtype=torch.bool))
         write_positions(out, slots, positions, chosen, chosen_bits, pair_ids, pair_bits, live)
-
-    def _check(
-        self,
-        logits: torch.Tensor,
-        out: torch.Tensor,
-        counts: torch.Tensor | None,
-        token_ids: torch.Tensor | None,
-    ) -> None:
-        if logits.dtype not in _LOGIT_DTYPES:
-            raise TypeError(f"logits must be float32, bfloat16 or float16, got {logits.dtype}")
-        if logits.dim() != 2 or logits.shape[1] < self.vocab_size:
-            raise ValueError(
-                f"logits must be [rows, >= {self.vocab_size}], got {tuple(logits.shape)}"
-            )
-        check_bundle(out, counts, token_ids, self.top_k)
 
     def _reported_values(self, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """FP32 logit - lse over the real vocabulary of the requesting rows only."""

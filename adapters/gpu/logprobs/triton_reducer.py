@@ -26,7 +26,7 @@ from adapters.gpu.logprobs.normalizer import (
     LSE_TILE,
     SQRT_HALF,
 )
-from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer
+from adapters.gpu.logprobs.reducer import ReductionInputs, check_inputs, check_sizes
 from domain.logprobs import MAX_SELECTED_IDS, NATURAL_TOP_K
 
 TILE_TREE_LEVELS = LSE_TILE.bit_length() - 1  # levels of a tile's pairwise exponential sum
@@ -237,8 +237,8 @@ def _merge_kernel(
                 tl.store(target + 3 + 2 * rank + one, tl.where(found, bits, 0))
 
 
-class TritonLogprobReducer(ReferenceLogprobReducer):
-    """The reference's contract from four Triton launches over the vocabulary tiles.
+class TritonLogprobReducer:
+    """`LogprobReducer` writing the reference's words from four Triton launches over the tiles.
 
     Every row of `logits` gets programs; a row whose slot has a zero flag stops after reading
     it, so no host synchronization chooses the rows. Workspaces (per-tile maxima and masses,
@@ -246,42 +246,35 @@ class TritonLogprobReducer(ReferenceLogprobReducer):
     """
 
     def __init__(self, vocab_size: int, top_k: int = NATURAL_TOP_K) -> None:
-        super().__init__(vocab_size, top_k)
+        check_sizes(vocab_size, top_k)
+        self.vocab_size = vocab_size
+        self.top_k = top_k
         self.tiles = -(-vocab_size // LSE_TILE)
         self._workspace: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
-    def reserve(self, rows: int, device: torch.device | str) -> None:
-        """Allocates the workspaces for up to `rows` rows (before capture, for instance)."""
+    def reserve(self, capacity: int, device: torch.device | str) -> None:
+        """Allocates the workspaces for up to `capacity` rows (before capture, for instance)."""
         # A bare "cuda" names the current device; normalize so the comparison below is exact and
         # a graph captured over these workspaces never sees them reallocated.
         device = torch.empty(0, device=device).device
         workspace = self._workspace
         if (
             workspace is not None
-            and workspace[2].shape[0] >= rows
+            and workspace[2].shape[0] >= capacity
             and workspace[2].device == torch.device(device)
         ):
             return
-        rows = max(rows, 1)
+        rows = max(capacity, 1)
         self._workspace = (
             torch.empty((rows, self.tiles, 2), dtype=torch.float32, device=device),
             torch.empty((rows, self.tiles, CANDIDATES_PER_TILE), dtype=torch.int64, device=device),
             torch.empty(rows, dtype=torch.float32, device=device),
         )
 
-    def reduce(
-        self,
-        logits: torch.Tensor,
-        slots: torch.Tensor,
-        positions: torch.Tensor,
-        chosen: torch.Tensor,
-        requested: torch.Tensor,
-        counts: torch.Tensor | None,
-        token_ids: torch.Tensor | None,
-        out: torch.Tensor,
-    ) -> None:
-        """Same contract as ReferenceLogprobReducer.reduce."""
-        self._check(logits, out, counts, token_ids)
+    def reduce(self, inputs: ReductionInputs) -> None:
+        """The reference's words, from the four launches (see `LogprobReducer`)."""
+        check_inputs(inputs, self.vocab_size, self.top_k)
+        logits, slots, positions, chosen, requested, counts, token_ids, out = inputs
         rows = logits.shape[0]
         if rows == 0:
             return
@@ -313,43 +306,3 @@ class TritonLogprobReducer(ReferenceLogprobReducer):
             CANDIDATES_BLOCK=triton.next_power_of_2(tiles * CANDIDATES_PER_TILE),
             CANDIDATES=CANDIDATES_PER_TILE, SELECTED=MAX_SELECTED_IDS, **common,
         )  # fmt: skip
-
-
-_REDUCERS: dict[tuple[int, int], TritonLogprobReducer] = {}
-_OPERATOR = None
-
-
-def logprob_reduce_operator():
-    """`torch.ops.helios.logprob_reduce`, registered on first use: the whole reduction as one
-    custom op that mutates `out` opaquely, so a compiler keeps its order with the logits.
-
-    Arguments: the reducer's `reduce` arguments followed by `vocab_size` and `top_k`; one
-    reducer (and its workspaces) is kept per (vocab_size, top_k).
-    """
-    global _OPERATOR
-    if _OPERATOR is None:
-
-        @torch.library.custom_op("helios::logprob_reduce", mutates_args=("out",))
-        def logprob_reduce(
-            logits: torch.Tensor,
-            slots: torch.Tensor,
-            positions: torch.Tensor,
-            chosen: torch.Tensor,
-            requested: torch.Tensor,
-            counts: torch.Tensor | None,
-            token_ids: torch.Tensor | None,
-            out: torch.Tensor,
-            vocab_size: int,
-            top_k: int,
-        ) -> None:
-            reducer = _REDUCERS.get((vocab_size, top_k))
-            if reducer is None:
-                reducer = _REDUCERS[(vocab_size, top_k)] = TritonLogprobReducer(vocab_size, top_k)
-            reducer.reduce(logits, slots, positions, chosen, requested, counts, token_ids, out)
-
-        @logprob_reduce.register_fake
-        def _(*arguments) -> None:  # the only effect is the opaque write into `out`
-            return None
-
-        _OPERATOR = logprob_reduce
-    return _OPERATOR

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from adapters.gpu.logprobs.keys import NAN_BITS, NO_KEY, key_token_ids, order_keys, top_sort_keys
 from adapters.gpu.logprobs.normalizer import combine_tiles, tile_statistics
-from adapters.gpu.parallel.reference_reducer import ShardLayout, shard_range
+from adapters.gpu.parallel.shards import VocabShard
 from adapters.gpu.scoring.prompt_scorer import (
     PROJECTION_ROWS,
     check_score_inputs,
@@ -50,16 +50,11 @@ class VocabParallelPromptScorer:
         world_size: int,
         group: dist.ProcessGroup | None = None,
     ) -> None:
-        self.start, self.stop = shard_range(vocab_size, world_size, rank)
-        layout = ShardLayout.of(
-            vocab_size, world_size, MAX_SHARD_TILES, "prompt-scoring exchange 1"
+        self.shard = VocabShard.of(
+            vocab_size, rank, world_size, MAX_SHARD_TILES, "prompt-scoring exchange 1"
         )
-        self.vocab_size = vocab_size
-        self.rank = rank
-        self.world_size = world_size
         self.group = group
-        self._shard_tiles = layout.tiles
-        self._stops = torch.tensor(layout.stops, dtype=torch.int64)
+        self._stops = torch.tensor(self.shard.stops, dtype=torch.int64)
         self._block: torch.Tensor | None = None
 
     def score(
@@ -77,29 +72,20 @@ class VocabParallelPromptScorer:
         """
         check_score_inputs(hidden, targets, out)
         if hidden.shape[0]:
-            self._check_group()
+            self.shard.check_group(self.group, "scorer")
         for first in range(0, hidden.shape[0], PROJECTION_ROWS):
             last = min(first + PROJECTION_ROWS, hidden.shape[0])
             raw = self._shard_logits(project(hidden[first:last]), last - first)
             out[first:last].copy_(self._rows(raw, targets[first:last].to(torch.int64)))
 
-    def _check_group(self) -> None:
-        # A mismatch would pair shards with the wrong ranks' statistics, silently.
-        world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
-        if (world, rank) != (self.world_size, self.rank):
-            raise ValueError(
-                f"scorer is rank {self.rank} of {self.world_size}, "
-                f"the group has rank {rank} of {world}"
-            )
-
     def _shard_logits(self, logits: torch.Tensor, rows: int) -> torch.Tensor:
         """This rank's raw FP32 shard lanes, copied into the pooled block's first `rows` rows."""
-        width = self.stop - self.start
+        width = self.shard.width
         if logits.dtype != torch.float32 or logits.dim() != 2:
             raise TypeError(f"project must return float32 [rows, shard], got {logits.dtype}")
         if logits.shape[0] != rows or logits.shape[1] < width:
             raise ValueError(
-                f"rank {self.rank} project returned {tuple(logits.shape)}, "
+                f"rank {self.shard.rank} project returned {tuple(logits.shape)}, "
                 f"expected [{rows}, >= {width}]"
             )
         if self._block is None or self._block.device != logits.device:
@@ -110,7 +96,7 @@ class VocabParallelPromptScorer:
 
     def _rows(self, raw: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The packed rows of one block; `raw` becomes the shard's reported values in place."""
-        valid = (targets >= 0) & (targets < self.vocab_size)
+        valid = (targets >= 0) & (targets < self.shard.vocab_size)
         first = self._exchange(self._statistics(raw, targets, valid))
         lse = self._normalizer(first)
         # The same FP32 subtraction as the single-rank block, so the target's bits match it.
@@ -125,9 +111,9 @@ class VocabParallelPromptScorer:
     def _exchange(self, words: torch.Tensor) -> torch.Tensor:
         """[n, 64] int32 words of this rank -> [world, n, 64] of every rank, in rank order."""
         # Gloo takes only the concatenated output form, so ranks are split off afterwards.
-        received = words.new_empty(self.world_size * words.shape[0], EXCHANGE_WORDS)
+        received = words.new_empty(self.shard.world_size * words.shape[0], EXCHANGE_WORDS)
         dist.all_gather_single(received, words, group=self.group)
-        return received.view(self.world_size, words.shape[0], EXCHANGE_WORDS)
+        return received.view(self.shard.world_size, words.shape[0], EXCHANGE_WORDS)
 
     def _words(self, rows: int, device: torch.device) -> torch.Tensor:
         # Reserved words stay zero so that the exchanged payload is deterministic.
@@ -146,10 +132,10 @@ class VocabParallelPromptScorer:
             peaks, masses = tile_statistics(raw)
             pairs = torch.stack([peaks, masses], dim=2).flatten(1).view(torch.int32)
             words[:, : pairs.shape[1]] = pairs
-        owns = valid & (targets >= self.start) & (targets < self.stop)
+        owns = valid & (targets >= self.shard.start) & (targets < self.shard.stop)
         marker = torch.full_like(targets, NAN_BITS, dtype=torch.int32)
         if raw.shape[1]:
-            local = torch.where(owns, targets - self.start, torch.zeros_like(targets))
+            local = torch.where(owns, targets - self.shard.start, torch.zeros_like(targets))
             owned = raw.gather(1, local[:, None])[:, 0].view(torch.int32)
             marker = torch.where(owns, owned, marker)
         words[:, _TARGET_WORD] = marker
@@ -159,7 +145,7 @@ class VocabParallelPromptScorer:
         """The FP32 log normalizer from every rank's tiles, in global tile order (= rank order)."""
         pairs = [
             gathered[peer, :, : 2 * tiles].reshape(gathered.shape[1], tiles, 2)
-            for peer, tiles in enumerate(self._shard_tiles)
+            for peer, tiles in enumerate(self.shard.tiles)
         ]
         statistics = torch.cat(pairs, dim=1).contiguous().view(torch.float32)
         return combine_tiles(statistics[:, :, 0], statistics[:, :, 1])
@@ -168,7 +154,7 @@ class VocabParallelPromptScorer:
         """FP32 target-logit word of each row from the rank owning its target (any rank if none)."""
         # The first rank whose stop lies past the ID; empty ranges never own one.
         stops = self._stops.to(targets.device)
-        owner = torch.bucketize(targets.clamp(0, self.vocab_size - 1), stops, right=True)
+        owner = torch.bucketize(targets.clamp(0, self.shard.vocab_size - 1), stops, right=True)
         row = torch.arange(targets.shape[0], device=targets.device)
         return gathered[owner, row, _TARGET_WORD].view(torch.float32)
 
@@ -184,7 +170,7 @@ class VocabParallelPromptScorer:
         if best:
             # Keys of shard lanes; shifting every ID by the shard start keeps their order.
             local = key_token_ids(top_sort_keys(values, best))
-            ids[:, :best] = local + self.start
+            ids[:, :best] = local + self.shard.start
             # Bits come from the values themselves, so a reported -0.0 keeps its sign.
             bits[:, :best] = values.gather(1, local).view(torch.int32)
         words[:, _PAIR_WORDS] = torch.stack([ids.to(torch.int32), bits], dim=2).flatten(1)
@@ -193,7 +179,7 @@ class VocabParallelPromptScorer:
     def _merged(self, gathered: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The best twenty (ID, bits) pairs among every rank's candidates; (-1, 0) past them."""
         rows = gathered.shape[1]
-        pairs = gathered[:, :, _PAIR_WORDS].reshape(self.world_size, rows, -1, 2)
+        pairs = gathered[:, :, _PAIR_WORDS].reshape(self.shard.world_size, rows, -1, 2)
         pairs = pairs.permute(1, 0, 2, 3).reshape(rows, -1, 2)
         ids, bits = pairs[:, :, 0].to(torch.int64), pairs[:, :, 1].contiguous()
         keys = order_keys(bits.view(torch.float32), ids).masked_fill(ids == NO_TOKEN, NO_KEY)

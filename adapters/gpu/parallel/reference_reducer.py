@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.distributed as dist
 
 from adapters.gpu.logprobs.keys import CANDIDATES_PER_TILE, NO_KEY, key_token_ids, order_keys
-from adapters.gpu.logprobs.normalizer import LSE_TILE, combine_tiles, tile_statistics
-from adapters.gpu.logprobs.reference_reducer import check_bundle, write_positions
-from domain.logprobs import MAX_SELECTED_IDS, NATURAL_TOP_K, NO_TOKEN
+from adapters.gpu.logprobs.normalizer import combine_tiles, tile_statistics
+from adapters.gpu.logprobs.reducer import ReductionInputs, check_inputs, check_sizes
+from adapters.gpu.logprobs.reference_reducer import write_positions
+from adapters.gpu.parallel.shards import VocabShard
+from domain.logprobs import MAX_SELECTED_IDS, NO_TOKEN
 
 EXCHANGE_WORDS = 256
-
-_LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # Exchange 1 words of a position: one (FP32 maximum, exponential mass) pair per tile of the
 # shard, in tile order. The last pair of the 256 words stays reserved (zero), which bounds a
@@ -26,51 +24,6 @@ KEY_WORDS = slice(0, 2 * CANDIDATES_PER_TILE)
 VALUE_WORDS = slice(2 * CANDIDATES_PER_TILE, 3 * CANDIDATES_PER_TILE)
 SELECTED_WORDS = slice(0, MAX_SELECTED_IDS)
 CHOSEN_WORD = MAX_SELECTED_IDS
-
-
-def shard_range(vocab_size: int, world_size: int, rank: int) -> tuple[int, int]:
-    """The token IDs [start, stop) that `rank` holds: whole LSE_TILE tiles, in rank order.
-
-    The ceil(V / LSE_TILE) tiles are split as evenly as possible, the first ranks taking one
-    more tile when they do not divide (3 tiles over 2 ranks: 2 and 1). Every boundary is thus a
-    multiple of LSE_TILE except the vocabulary's end, so each shard's tiles are exactly the
-    single-rank normalizer's tiles. With fewer tiles than ranks the trailing ranks hold empty
-    ranges. Rank 0's range is the widest; a rank's logits tensor may be wider than its range
-    (a shard width padded for every rank alike) and lanes past the range never count.
-    """
-    if vocab_size < 1:
-        raise ValueError(f"vocab_size must be positive, got {vocab_size}")
-    if world_size < 1:
-        raise ValueError(f"world_size must be positive, got {world_size}")
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in 0..{world_size - 1}, got {rank}")
-    base, extra = divmod(-(-vocab_size // LSE_TILE), world_size)
-    first_tile = rank * base + min(rank, extra)
-    tiles = base + (rank < extra)
-    start = min(first_tile * LSE_TILE, vocab_size)
-    return start, min((first_tile + tiles) * LSE_TILE, vocab_size)
-
-
-@dataclass(frozen=True, slots=True)
-class ShardLayout:
-    """Every rank's tile count and range stop, for a vocabulary split by `shard_range`."""
-
-    tiles: tuple[int, ...]
-    stops: tuple[int, ...]
-
-    @classmethod
-    def of(cls, vocab_size: int, world_size: int, max_tiles: int, exchange: str) -> ShardLayout:
-        """Refuses splits whose widest shard (rank 0's) has more than `max_tiles` tiles, the
-        most that `exchange` carries."""
-        ranges = [shard_range(vocab_size, world_size, peer) for peer in range(world_size)]
-        tiles = tuple(-(-(stop - start) // LSE_TILE) for start, stop in ranges)
-        if tiles[0] > max_tiles:
-            raise ValueError(
-                f"a vocabulary of {vocab_size} over {world_size} ranks puts {tiles[0]} tiles of "
-                f"{LSE_TILE} lanes on a shard; {exchange} carries at most {max_tiles} "
-                f"({max_tiles * LSE_TILE} lanes), so use more ranks"
-            )
-        return cls(tiles, tuple(stop for _, stop in ranges))
 
 
 class VocabParallelLogprobReducer:
@@ -93,44 +46,33 @@ class VocabParallelLogprobReducer:
         world_size: int,
         group: dist.ProcessGroup | None = None,
     ) -> None:
-        if not 1 <= top_k <= NATURAL_TOP_K:
-            raise ValueError(f"top_k must be in 1..{NATURAL_TOP_K}, got {top_k}")
-        self.start, self.stop = shard_range(vocab_size, world_size, rank)
-        layout = ShardLayout.of(vocab_size, world_size, MAX_SHARD_TILES, "exchange 1")
-        self.vocab_size = vocab_size
+        check_sizes(vocab_size, top_k)
+        self.shard = VocabShard.of(vocab_size, rank, world_size, MAX_SHARD_TILES, "exchange 1")
         self.top_k = top_k
-        self.rank = rank
-        self.world_size = world_size
         self.group = group
-        self._shard_tiles = layout.tiles
-        self._stops = torch.tensor(layout.stops, dtype=torch.int64)
+        self._stops = torch.tensor(self.shard.stops, dtype=torch.int64)
 
-    def reduce(
-        self,
-        logits_shard: torch.Tensor,
-        slots: torch.Tensor,
-        positions: torch.Tensor,
-        chosen: torch.Tensor,
-        requested: torch.Tensor,
-        counts: torch.Tensor | None,
-        token_ids: torch.Tensor | None,
-        out: torch.Tensor,
-    ) -> None:
+    def reserve(self, capacity: int, device: torch.device | str) -> None:
+        """Nothing to size: every call allocates what its requesting rows need."""
+
+    def reduce(self, inputs: ReductionInputs) -> None:
         """Writes each requesting row's chosen pair and alternative pairs to out[slot, position].
 
-        `logits_shard` [R, >= stop - start] holds this rank's raw logits, only read. Semantics
+        `inputs.logits` [R, >= shard width] holds this rank's raw logits, only read. Semantics
         match `ReferenceLogprobReducer.reduce`. Flags are replicated, so every rank finds the same
         requesting rows: with none, every rank returns before either exchange.
         """
-        self._check(logits_shard, out, counts, token_ids)
+        shard = self.shard
+        check_inputs(inputs, shard.width, self.top_k, rows=f"rank {shard.rank} logits")
+        logits_shard, slots, positions, chosen, requested, counts, token_ids, out = inputs
         wanted = requested.index_select(0, slots) != 0
         rows = torch.nonzero(wanted).squeeze(1)
         if rows.numel() == 0:
             return
-        self._check_group()
+        shard.check_group(self.group, "reducer")
         slots, positions = slots.index_select(0, rows), positions.index_select(0, rows)
         chosen = chosen.index_select(0, rows).to(torch.int64)
-        raw = logits_shard[:, : self.stop - self.start].index_select(0, rows).to(torch.float32)
+        raw = logits_shard[:, : shard.width].index_select(0, rows).to(torch.float32)
 
         lse = self._normalizer(self._exchange(self._shard_statistics(raw)))
         selects, selected_ids, in_prefix = self._selection(slots, counts, token_ids, rows.numel())
@@ -139,34 +81,6 @@ class VocabParallelLogprobReducer:
         )
         self._merge(gathered, lse, slots, positions, chosen, selects, selected_ids, in_prefix, out)
 
-    def _check(
-        self,
-        logits_shard: torch.Tensor,
-        out: torch.Tensor,
-        counts: torch.Tensor | None,
-        token_ids: torch.Tensor | None,
-    ) -> None:
-        if logits_shard.dtype not in _LOGIT_DTYPES:
-            raise TypeError(
-                f"logits must be float32, bfloat16 or float16, got {logits_shard.dtype}"
-            )
-        width = self.stop - self.start
-        if logits_shard.dim() != 2 or logits_shard.shape[1] < width:
-            raise ValueError(
-                f"rank {self.rank} logits must be [rows, >= {width}], "
-                f"got {tuple(logits_shard.shape)}"
-            )
-        check_bundle(out, counts, token_ids, self.top_k)
-
-    def _check_group(self) -> None:
-        # A mismatch would pair shards with the wrong ranks' statistics, silently.
-        world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
-        if (world, rank) != (self.world_size, self.rank):
-            raise ValueError(
-                f"reducer is rank {self.rank} of {self.world_size}, "
-                f"the group has rank {rank} of {world}"
-            )
-
     def _exchange(self, words: torch.Tensor) -> torch.Tensor:
         """[n, 256] int32 words of this rank -> [world, n, 256] of every rank, in rank order.
 
@@ -174,7 +88,7 @@ class VocabParallelLogprobReducer:
         pattern (bit-cast keys included) arrives unchanged.
         """
         sent = words.view(torch.float32)
-        received = [torch.empty_like(sent) for _ in range(self.world_size)]
+        received = [torch.empty_like(sent) for _ in range(self.shard.world_size)]
         dist.all_gather(received, sent, group=self.group)
         return torch.stack(received).view(torch.int32)
 
@@ -203,7 +117,7 @@ class VocabParallelLogprobReducer:
         """
         pairs = [
             gathered[peer, :, : 2 * tiles].reshape(gathered.shape[1], tiles, 2)
-            for peer, tiles in enumerate(self._shard_tiles)
+            for peer, tiles in enumerate(self.shard.tiles)
         ]
         statistics = torch.cat(pairs, dim=1).contiguous().view(torch.float32)
         return combine_tiles(statistics[:, :, 0], statistics[:, :, 1])
@@ -253,9 +167,11 @@ class VocabParallelLogprobReducer:
         keys = torch.full((rows, CANDIDATES_PER_TILE), NO_KEY, device=values.device)
         bits = torch.zeros(rows, CANDIDATES_PER_TILE, dtype=torch.int32, device=values.device)
         if best:
-            ids = torch.arange(self.start, self.stop, dtype=torch.int64, device=values.device)
+            ids = torch.arange(
+                self.shard.start, self.shard.stop, dtype=torch.int64, device=values.device
+            )
             top = torch.topk(order_keys(values, ids), best, dim=1).values
-            local = key_token_ids(top) - self.start
+            local = key_token_ids(top) - self.shard.start
             keys[:, :best] = top
             # Bits come from the values themselves, so a reported -0.0 keeps its sign.
             bits[:, :best] = values.gather(1, local).view(torch.int32)
@@ -265,20 +181,20 @@ class VocabParallelLogprobReducer:
         self, raw: torch.Tensor, ids: torch.Tensor, wanted: torch.Tensor | None
     ) -> torch.Tensor:
         """int32 bits of the raw logit of each ID this rank owns; a NaN marker for the rest."""
-        owns = (ids >= self.start) & (ids < self.stop)
+        owns = (ids >= self.shard.start) & (ids < self.shard.stop)
         if wanted is not None:
             owns &= wanted
         marker = torch.full(ids.shape, float("nan"), device=raw.device)
         if raw.shape[1] == 0:
             return marker.view(torch.int32)
-        safe = torch.where(owns, ids - self.start, torch.zeros_like(ids))
+        safe = torch.where(owns, ids - self.shard.start, torch.zeros_like(ids))
         return torch.where(owns, raw.gather(1, safe), marker).view(torch.int32)
 
     def _owner_words(self, gathered: torch.Tensor, ids: torch.Tensor, word: int) -> torch.Tensor:
         """FP32 words [rows, columns] from the rank owning each ID, columns starting at `word`."""
         # The first rank whose stop lies past the ID; empty ranges never own one.
         stops = self._stops.to(ids.device)
-        owner = torch.bucketize(ids.clamp(0, self.vocab_size - 1), stops, right=True)
+        owner = torch.bucketize(ids.clamp(0, self.shard.vocab_size - 1), stops, right=True)
         row = torch.arange(ids.shape[0], device=ids.device)[:, None]
         column = word + torch.arange(ids.shape[1], device=ids.device)[None, :]
         return gathered[owner, row, column].view(torch.float32)
@@ -288,7 +204,7 @@ class VocabParallelLogprobReducer:
     ) -> torch.Tensor:
         """int32 bits of logit - lse for each ID; NaN for an ID outside the vocabulary."""
         raw = self._owner_words(gathered, ids, word)
-        inside = (ids >= 0) & (ids < self.vocab_size)
+        inside = (ids >= 0) & (ids < self.shard.vocab_size)
         value = raw - lse[:, None]
         return torch.where(inside, value, torch.full_like(value, float("nan"))).view(torch.int32)
 

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapters.gpu.logprobs.keys import order_keys
+from adapters.gpu.logprobs.reducer import ReductionInputs
 from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer
 from domain.logprobs import (
     FULL_POSITION_WORDS,
@@ -61,14 +62,16 @@ class Frame:
             return torch.tensor([row[i] for row in rows], dtype=torch.int64, device=device)
 
         reducer.reduce(
-            logits,
-            column(0),
-            column(1),
-            column(2),
-            self.requested,
-            self.counts,
-            self.token_ids,
-            self.out,
+            ReductionInputs(
+                logits,
+                column(0),
+                column(1),
+                column(2),
+                self.requested,
+                self.counts,
+                self.token_ids,
+                self.out,
+            )
         )
 
     def chosen(self, slot: int, position: int = 0) -> tuple[int, int]:

@@ -18,14 +18,12 @@ try:
 except ImportError:  # pragma: no cover - depends on the environment
     pytest.skip("triton is not installed: the Triton reducer cannot run", allow_module_level=True)
 
+from adapters.gpu.logprobs.custom_op import logprob_reduce_operator
 from adapters.gpu.logprobs.keys import order_keys
 from adapters.gpu.logprobs.normalizer import LSE_TILE
+from adapters.gpu.logprobs.reducer import ReductionInputs
 from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer
-from adapters.gpu.logprobs.triton_reducer import (
-    TritonLogprobReducer,
-    logprob_reduce_operator,
-    tl_order_keys,
-)
+from adapters.gpu.logprobs.triton_reducer import TritonLogprobReducer, tl_order_keys
 from domain.logprobs import FULL_POSITION_WORDS, MAX_SELECTED_IDS, NATURAL_TOP_K
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -63,14 +61,16 @@ class Case:
             return None if tensor is None else tensor.to(DEVICE)
 
         reducer.reduce(
-            logits.to(DEVICE),
-            column(0),
-            column(1),
-            column(2),
-            self.requested.to(DEVICE),
-            moved(self.counts),
-            moved(self.token_ids),
-            out,
+            ReductionInputs(
+                logits.to(DEVICE),
+                column(0),
+                column(1),
+                column(2),
+                self.requested.to(DEVICE),
+                moved(self.counts),
+                moved(self.token_ids),
+                out,
+            )
         )
         return out.cpu()
 
@@ -320,8 +320,8 @@ def test_the_custom_operator_writes_what_the_reducer_writes() -> None:
     operator = logprob_reduce_operator()
 
     class Operator:
-        def reduce(self, *arguments) -> None:
-            operator(*arguments, vocab, NATURAL_TOP_K)
+        def reduce(self, inputs: ReductionInputs) -> None:
+            operator(*inputs, vocab, NATURAL_TOP_K)
 
     reference = case.run(ReferenceLogprobReducer(vocab), logits, rows)
     got = case.run(Operator(), logits, rows)

@@ -10,13 +10,14 @@ import torch
 import torch.distributed as dist
 
 from adapters.gpu.logprobs.normalizer import LSE_TILE
+from adapters.gpu.logprobs.reducer import ReductionInputs
 from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer
 from adapters.gpu.parallel.reference_reducer import (
     EXCHANGE_WORDS,
     MAX_SHARD_TILES,
     VocabParallelLogprobReducer,
-    shard_range,
 )
+from adapters.gpu.parallel.shards import shard_range
 from domain.logprobs import FULL_POSITION_WORDS, MAX_SELECTED_IDS, NATURAL_TOP_K, bits_to_float
 from tests.support.gloo import gloo_rank, record_each, refusal, spawn_worlds
 
@@ -267,7 +268,9 @@ def _run(scenario: Scenario, world: int, rank: int) -> dict:
     reducer = VocabParallelLogprobReducer(scenario.vocab, scenario.top_k, rank, world)
     dist.all_gather = counting
     try:
-        reducer.reduce(shard, slots, positions, chosen, requested, counts, token_ids, out)
+        reducer.reduce(
+            ReductionInputs(shard, slots, positions, chosen, requested, counts, token_ids, out)
+        )
     finally:
         dist.all_gather = original
     # Bytes, not values: NaN padding never equals itself.
@@ -283,7 +286,9 @@ def _misplaced_rank(world: int, rank: int) -> str | None:
     width = shard_range(scenario.vocab, world, 0)[1]
     shard = torch.zeros(len(scenario.rows), width)
     return refusal(
-        lambda: reducer.reduce(shard, *scenario.columns(), requested, counts, token_ids, out)
+        lambda: reducer.reduce(
+            ReductionInputs(shard, *scenario.columns(), requested, counts, token_ids, out)
+        )
     )
 
 
@@ -316,7 +321,7 @@ def _produced(outcomes, name: str) -> list[tuple[int, int, torch.Tensor]]:
 def _reference(scenario: Scenario) -> torch.Tensor:
     out, requested, counts, token_ids = scenario.frame()
     ReferenceLogprobReducer(scenario.vocab, scenario.top_k).reduce(
-        scenario.logits, *scenario.columns(), requested, counts, token_ids, out
+        ReductionInputs(scenario.logits, *scenario.columns(), requested, counts, token_ids, out)
     )
     return out
 
@@ -486,13 +491,19 @@ def test_reduce_rejects_shards_narrower_than_their_range_before_any_exchange() -
     out, requested, counts, token_ids = scenario.frame()
     reducer = VocabParallelLogprobReducer(UNEVEN, NATURAL_TOP_K, 2, 3)
     with pytest.raises(ValueError):
-        reducer.reduce(torch.zeros(2, 3), *scenario.columns(), requested, counts, token_ids, out)
+        reducer.reduce(
+            ReductionInputs(
+                torch.zeros(2, 3), *scenario.columns(), requested, counts, token_ids, out
+            )
+        )
     with pytest.raises(TypeError):
         reducer.reduce(
-            torch.zeros(2, 4, dtype=torch.int32),
-            *scenario.columns(),
-            requested,
-            counts,
-            token_ids,
-            out,
+            ReductionInputs(
+                torch.zeros(2, 4, dtype=torch.int32),
+                *scenario.columns(),
+                requested,
+                counts,
+                token_ids,
+                out,
+            )
         )

@@ -15,11 +15,12 @@ pytest.importorskip("triton")
 
 from adapters.gpu.logprobs.keys import CANDIDATES_PER_TILE  # noqa: E402
 from adapters.gpu.logprobs.normalizer import LSE_TILE  # noqa: E402
+from adapters.gpu.logprobs.reducer import ReductionInputs  # noqa: E402
 from adapters.gpu.parallel.reference_reducer import (  # noqa: E402
     EXCHANGE_WORDS,
     VocabParallelLogprobReducer,
-    shard_range,
 )
+from adapters.gpu.parallel.shards import shard_range  # noqa: E402
 from domain.logprobs import NATURAL_TOP_K  # noqa: E402
 from tests.integration.torch.test_logprobs_vocab_parallel import (  # noqa: E402
     Scenario,
@@ -100,7 +101,9 @@ def _worker(rank: int, world: int, directory: str) -> None:
                 out, requested, counts, token_ids = scenario.frame()
                 shard = _shard(scenario.logits, scenario.vocab, world, rank)
                 reducer = build(scenario.vocab, scenario.top_k, rank, world)
-                reducer.reduce(shard, *scenario.columns(), requested, counts, token_ids, out)
+                reducer.reduce(
+                    ReductionInputs(shard, *scenario.columns(), requested, counts, token_ids, out)
+                )
                 produced[kind] = out.flatten().tolist()
             return produced
 
@@ -143,7 +146,7 @@ def _cloned(arguments: tuple) -> tuple:
 
 @pytest.fixture(scope="module")
 def operators():
-    from adapters.gpu.parallel.triton_reducer import vocab_parallel_operators
+    from adapters.gpu.parallel.custom_ops import vocab_parallel_operators
 
     return vocab_parallel_operators()
 

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from adapters.gpu.logprobs.normalizer import LSE_TILE
+from adapters.gpu.logprobs.reducer import ReductionInputs
 from adapters.gpu.parallel.reference_reducer import EXCHANGE_WORDS, VocabParallelLogprobReducer
 from tests.integration.torch.test_logprobs_vocab_parallel import (
     SCENARIOS,
@@ -75,7 +76,9 @@ def _run(scenario: Scenario, world: int, rank: int, reducer) -> dict:
     before = shard.clone()
     dist.all_gather = counting
     try:
-        reducer.reduce(shard, slots, positions, chosen, requested, counts, token_ids, out)
+        reducer.reduce(
+            ReductionInputs(shard, slots, positions, chosen, requested, counts, token_ids, out)
+        )
     finally:
         dist.all_gather = original
     untouched = torch.equal(shard.view(torch.uint8), before.view(torch.uint8))

@@ -16,7 +16,7 @@ from adapters.gpu.parallel.prompt_scorer import (
     MAX_SHARD_TILES,
     VocabParallelPromptScorer,
 )
-from adapters.gpu.parallel.reference_reducer import shard_range
+from adapters.gpu.parallel.shards import shard_range
 from adapters.gpu.scoring.prompt_scorer import PROJECTION_ROWS, PromptScorer
 from domain.logprobs import NATURAL_TOP_K, NO_TOKEN
 from domain.prompt_scores import INVALID_BITS, PROMPT_ROW_WORDS
