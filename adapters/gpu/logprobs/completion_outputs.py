@@ -117,6 +117,11 @@ class CompletionOutputs:
         )
 
     def commit(self, frame: int, records: list[CompletionRecord]) -> None:
+        """Encodes the lanes' records into the frame's ABI6 words, which `read` decodes.
+
+        Parked in part: serving reads each frame straight after submitting it (`Engine.step`
+        runs `read(submit(plan))`), so the second frame waits for an overlapped step loop.
+        """
         capacity = self._geometry.token_capacity
         for record in records:
             self._records[frame, record.slot] = torch.tensor(record.encode(capacity))

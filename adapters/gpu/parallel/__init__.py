@@ -1,1 +1,1 @@
-"""Vocabulary-parallel logprobs and prompt scoring: shard work joined by compact exchanges."""
+"""Vocabulary-parallel logprobs and scoring, parked until tensor parallelism (#13) serves them."""

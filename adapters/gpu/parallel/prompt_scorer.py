@@ -33,6 +33,8 @@ _PAIR_WORDS = slice(1, 1 + 2 * NATURAL_TOP_K)
 class VocabParallelPromptScorer:
     """`PromptScorer` for a vocabulary sharded across the ranks of `group`, equal word for word.
 
+    Parked: tensor parallelism (#13) wires this into serving.
+
     Each rank projects at most PROJECTION_ROWS hidden rows at a time into its own shard lanes
     (`shard_range`, the generation split) and keeps one pooled [PROJECTION_ROWS, shard width]
     block. Per row block, exchange 1 carries the shard's tile statistics and the target's raw

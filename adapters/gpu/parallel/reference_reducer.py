@@ -29,6 +29,8 @@ CHOSEN_WORD = MAX_SELECTED_IDS
 class VocabParallelLogprobReducer:
     """The reference reduction for logits split by vocabulary across the ranks of `group`.
 
+    Parked: tensor parallelism (#13) wires this into serving.
+
     Each rank passes its own shard and the same replicated row inputs (slots, positions, chosen,
     flags, counts, IDs). The stages mirror the prepared kernels: per-tile maxima and masses,
     exchange 1, the global normalization, shard candidates and owned raw logits, exchange 2, and

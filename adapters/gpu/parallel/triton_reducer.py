@@ -15,6 +15,8 @@ from adapters.gpu.parallel.shards import VocabShard
 class TritonVocabParallelLogprobReducer:
     """The torch-staged vocabulary-parallel contract from six Triton launches per rank.
 
+    Parked: tensor parallelism (#13) wires this into serving.
+
     Launches: shard tile statistics, exchange 1 packing, the global normalization, shard tile
     candidates, exchange 2 packing and the final merge. No host synchronization chooses rows:
     every row of the shard gets programs, a row whose slot has a zero flag stops after reading
