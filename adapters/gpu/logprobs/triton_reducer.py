@@ -43,8 +43,8 @@ _L0, _L1, _L2, _L3, _L4, _L5, _L6, _L7, _L8 = (tl.constexpr(c) for c in LOG_COEF
 
 
 def fusion_options() -> dict:
-    """Launch options that keep the reference's rounding: no fused multiply-add contraction,
-    which rounds once where the reference rounds twice (the interpreter never fuses)."""
+    """Launch options that keep the reference's rounding: FMA contraction off, since a fused
+    multiply-add rounds once where the reference rounds twice (the interpreter keeps defaults)."""
     return {} if os.environ.get("TRITON_INTERPRET") == "1" else {"enable_fp_fusion": False}
 
 
