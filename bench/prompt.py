@@ -89,10 +89,10 @@ def memory_cost() -> str:
     """The flag's fixed scoring bytes and the KV blocks they take from the default pool."""
     import torch
 
-    from adapters.gpu.default_model import resolve_model_dir
-    from adapters.gpu.kv_cache import PagedKVCache
-    from adapters.gpu.model_config import ModelConfig
-    from adapters.gpu.prompt_score_frames import PromptScoreFrames
+    from adapters.gpu.loading.default_model import resolve_model_dir
+    from adapters.gpu.model.config import ModelConfig
+    from adapters.gpu.model.kv_cache import PagedKVCache
+    from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
     from domain.capabilities import scored_capacities
 
     config = ModelConfig.from_dir(resolve_model_dir(None, progress=False))

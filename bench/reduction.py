@@ -5,11 +5,11 @@ On CUDA when available, else on CPU (where rows are capped at 64 unless --rows s
 For each row count it times, on bf16 logits [rows, vocab] with every row requesting natural K=20:
 the reference reducer (`ReferenceLogprobReducer`), the torch baseline vLLM runs (FP32 upcast,
 log_softmax, topk(20), gather of the chosen token), `TritonLogprobReducer` when
-`adapters/gpu/logprobs_triton.py` provides one (CUDA only), and the bytes floor: one read of the
-logits at the bandwidth a clone of the same tensor achieves (a clone reads and writes, so the
-floor is half the clone time). Each candidate cycles through several copies of the logits so
-that no call finds its input in cache; the median per-call time is reported (CUDA events on the
-GPU, time.perf_counter on the CPU), after warm-up calls.
+`adapters/gpu/logprobs/triton_reducer.py` provides one (CUDA only), and the bytes floor: one
+read of the logits at the bandwidth a clone of the same tensor achieves (a clone reads and
+writes, so the floor is half the clone time). Each candidate cycles through several copies of
+the logits so that no call finds its input in cache; the median per-call time is reported (CUDA
+events on the GPU, time.perf_counter on the CPU), after warm-up calls.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from adapters.gpu.logprobs_reference import ReferenceLogprobReducer  # noqa: E402
+from adapters.gpu.logprobs.reducer import ReductionInputs  # noqa: E402
+from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer  # noqa: E402
 from domain.logprobs import NATURAL_TOP_K  # noqa: E402
 
 CPU_ROW_CAP = 64
@@ -65,14 +66,16 @@ class Inputs:
     def reducer_call(self, reducer) -> Callable[[torch.Tensor], None]:
         def call(logits: torch.Tensor) -> None:
             reducer.reduce(
-                logits,
-                self.slots,
-                self.positions,
-                self.chosen,
-                self.requested,
-                None,
-                None,
-                self.out,
+                ReductionInputs(
+                    logits,
+                    self.slots,
+                    self.positions,
+                    self.chosen,
+                    self.requested,
+                    None,
+                    None,
+                    self.out,
+                )
             )
 
         return call
@@ -113,7 +116,7 @@ def triton_reducer_class(device: torch.device) -> tuple[type | None, str]:
     if device.type != "cuda":
         return None, "Triton reducer not measured: CUDA only"
     try:
-        module = importlib.import_module("adapters.gpu.logprobs_triton")
+        module = importlib.import_module("adapters.gpu.logprobs.triton_reducer")
         return module.TritonLogprobReducer, ""
     except (ImportError, AttributeError) as error:
         return None, f"Triton reducer not measured: {error}"

@@ -6,11 +6,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from domain.errors import LogprobDataError
-from domain.logprobs import NO_TOKEN, TokenLogprob, bits_to_float, unpack_pairs
+from domain.logprobs import NATURAL_TOP_K, NO_TOKEN, TokenLogprob, bits_to_float, unpack_pairs
 
-PROMPT_ALTERNATIVES = 20
-PROMPT_ROW_WORDS = 3 + 2 * PROMPT_ALTERNATIVES  # actual ID, bits, rank, then (ID, bits) pairs
-PROJECTION_ROWS = 64
+PROMPT_ROW_WORDS = 3 + 2 * NATURAL_TOP_K  # actual ID, bits, rank, then (ID, bits) pairs
+
+PROMPT_ROW_WORDS = 3 + 2 * NATURAL_TOP_K  # actual ID, bits, rank, then (ID, bits) pairs
 INVALID_BITS = 0x7FC00000  # the quiet NaN an invalid row carries as its logprob
 
 
@@ -31,8 +31,8 @@ class PromptScore:
             raise ValueError(f"token_id must be non-negative, got {self.token_id}")
         if self.rank < 1:
             raise ValueError(f"rank must be at least 1, got {self.rank}")
-        if len(self.alternatives) > PROMPT_ALTERNATIVES:
-            raise ValueError(f"{len(self.alternatives)} alternatives exceed {PROMPT_ALTERNATIVES}")
+        if len(self.alternatives) > NATURAL_TOP_K:
+            raise ValueError(f"{len(self.alternatives)} alternatives exceed {NATURAL_TOP_K}")
 
 
 def unpack_prompt_row(words: Sequence[int]) -> PromptScore | None:
@@ -46,7 +46,7 @@ def unpack_prompt_row(words: Sequence[int]) -> PromptScore | None:
     token_id, bits, rank = words[0], words[1], words[2]
     if token_id == NO_TOKEN:
         return None
-    alternatives = unpack_pairs(words, 3, PROMPT_ALTERNATIVES)
+    alternatives = unpack_pairs(words, 3, NATURAL_TOP_K)
     return PromptScore(token_id, bits_to_float(bits), rank, alternatives)
 
 

@@ -16,9 +16,9 @@ from adapters.core.manifest import (
     load_core,
     write_manifest,
 )
-from adapters.gpu.default_model import resolve_model_dir
 from adapters.gpu.factory import padded_capacity
-from adapters.gpu.model_config import ModelConfig
+from adapters.gpu.loading.default_model import resolve_model_dir
+from adapters.gpu.model.config import ModelConfig
 from domain.logprobs import NATURAL_TOP_K
 
 

@@ -1,1 +1,1 @@
-"""Torch model runner, sampler and executor; nothing heavy happens at import."""
+"""The torch model executor and its parts (docs/serving-paths.md); nothing heavy at import."""

@@ -6,13 +6,13 @@ import dataclasses
 
 import torch
 
-from adapters.gpu.completion_outputs import CompletionOutputs
-from adapters.gpu.forward_batch import ForwardBatch, SequenceChunk
-from adapters.gpu.kv_cache import PagedKVCache
-from adapters.gpu.model import DecoderModel
-from adapters.gpu.penalty_state import PenaltyState
-from adapters.gpu.prompt_score_frames import PromptScoreFrames
-from adapters.gpu.sampler import Sampler, SamplingTensors
+from adapters.gpu.logprobs.completion_outputs import CompletionOutputs
+from adapters.gpu.model.decoder import DecoderModel
+from adapters.gpu.model.forward_batch import ForwardBatch, SequenceChunk
+from adapters.gpu.model.kv_cache import PagedKVCache
+from adapters.gpu.sampling.penalty_state import PenaltyState
+from adapters.gpu.sampling.sampler import Sampler, SamplingTensors
+from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
 from domain.commit import commit_round
 from domain.records import CompletionRecord, Role
 from domain.step import ExecutorGeometry, FrameResult, SlotWork, StepPlan

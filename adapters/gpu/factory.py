@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 
 from adapters.gpu.executor import TorchExecutor
-from adapters.gpu.kv_cache import PagedKVCache
-from adapters.gpu.model_config import ModelConfig
-from adapters.gpu.prompt_score_frames import PromptScoreFrames
-from adapters.gpu.weights import load_model
+from adapters.gpu.loading.weights import load_model
+from adapters.gpu.model.config import ModelConfig
+from adapters.gpu.model.kv_cache import PagedKVCache
+from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
 from domain.blocks import blocks_needed
 from domain.capabilities import FULL_LOGPROBS, LogprobCapability
 from domain.records import resolve_token_capacity

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from adapters.gpu.default_model import default_model_dir
+from adapters.gpu.loading.default_model import default_model_dir
 from tests.e2e.conftest import MAX_MODEL_LEN, RunningServer, running_server
 from tests.support.lm_eval import (
     Expected,

@@ -9,15 +9,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from adapters.gpu import default_model, gguf_export
-from adapters.gpu.default_model import (
+from adapters.gpu.loading import default_model, gguf_export
+from adapters.gpu.loading.default_model import (
     default_gguf_path,
     default_model_dir,
     exported_model_dir,
     gguf_fingerprint,
     resolve_model_dir,
 )
-from adapters.gpu.gguf_export import export_gguf, unpermute_rope_rows
+from adapters.gpu.loading.gguf_export import export_gguf, unpermute_rope_rows
 from adapters.tokenizer.hf import HfTokenizer
 
 TEXTS = [

@@ -124,8 +124,8 @@ def test_abort_frees_the_slot_and_blocks_at_once(tiny_model_dir):
 def _bytes_per_block(model_dir: Path, block_size: int) -> int:
     import torch
 
-    from adapters.gpu.kv_cache import PagedKVCache
-    from adapters.gpu.model_config import ModelConfig
+    from adapters.gpu.model.config import ModelConfig
+    from adapters.gpu.model.kv_cache import PagedKVCache
 
     return PagedKVCache.bytes_per_block(ModelConfig.from_dir(model_dir), block_size, torch.float32)
 

@@ -9,11 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from domain.logprobs import NO_TOKEN, TokenLogprob, float_to_bits
+from domain.logprobs import NATURAL_TOP_K, NO_TOKEN, TokenLogprob, float_to_bits
 from domain.prompt_scores import (
     INVALID_BITS,
-    PROJECTION_ROWS,
-    PROMPT_ALTERNATIVES,
     PROMPT_ROW_WORDS,
     PromptScore,
     prompt_targets,
@@ -25,15 +23,15 @@ def packed(token_id: int, logprob: float, rank: int, pairs: list[tuple[int, floa
     words = [token_id, float_to_bits(logprob), rank]
     for alternative_id, value in pairs:
         words += [alternative_id, float_to_bits(value)]
-    return words + [NO_TOKEN, 0] * (PROMPT_ALTERNATIVES - len(pairs))
+    return words + [NO_TOKEN, 0] * (NATURAL_TOP_K - len(pairs))
 
 
 def test_layout_constants_match_the_contract() -> None:
-    assert (PROMPT_ROW_WORDS, PROMPT_ALTERNATIVES, PROJECTION_ROWS) == (43, 20, 64)
+    assert (PROMPT_ROW_WORDS, NATURAL_TOP_K) == (43, 20)
 
 
 def test_a_valid_row_unpacks_to_its_score_and_all_twenty_alternatives() -> None:
-    pairs = [(100 + index, -0.5 * index) for index in range(PROMPT_ALTERNATIVES)]
+    pairs = [(100 + index, -0.5 * index) for index in range(NATURAL_TOP_K)]
     score = unpack_prompt_row(packed(7, -1.25, 3, pairs))
     assert score == PromptScore(
         7, -1.25, 3, tuple(TokenLogprob(token_id, value) for token_id, value in pairs)
@@ -47,12 +45,12 @@ def test_alternatives_stop_at_the_first_missing_id_of_a_small_vocabulary() -> No
 
 
 def test_the_invalid_row_unpacks_to_none() -> None:
-    words = [NO_TOKEN, INVALID_BITS, 0] + [NO_TOKEN, 0] * PROMPT_ALTERNATIVES
+    words = [NO_TOKEN, INVALID_BITS, 0] + [NO_TOKEN, 0] * NATURAL_TOP_K
     assert unpack_prompt_row(words) is None
 
 
 def test_a_real_token_with_nan_bits_unpacks_to_a_nan_logprob() -> None:
-    words = [NO_TOKEN, INVALID_BITS, 0] + [NO_TOKEN, 0] * PROMPT_ALTERNATIVES
+    words = [NO_TOKEN, INVALID_BITS, 0] + [NO_TOKEN, 0] * NATURAL_TOP_K
     words[0] = 5
     words[2] = 1
     score = unpack_prompt_row(words)
@@ -73,7 +71,7 @@ def test_a_score_rejects_negative_ids_and_too_many_alternatives() -> None:
     with pytest.raises(ValueError, match="token_id"):
         PromptScore(-1, 0.0, 1)
     with pytest.raises(ValueError, match="alternatives"):
-        PromptScore(0, 0.0, 1, (TokenLogprob(0, 0.0),) * (PROMPT_ALTERNATIVES + 1))
+        PromptScore(0, 0.0, 1, (TokenLogprob(0, 0.0),) * (NATURAL_TOP_K + 1))
 
 
 def test_each_row_targets_the_next_prompt_token_and_the_last_row_targets_nothing() -> None:

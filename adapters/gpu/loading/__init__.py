@@ -1,0 +1,1 @@
+"""Turning checkpoints into a decoder: safetensors loading, GGUF export, the embedded model."""

@@ -1,0 +1,129 @@
+"""Loads Hugging Face safetensors checkpoints into a `DecoderModel`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from contextlib import ExitStack
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from adapters.gpu.model.config import ModelConfig
+from adapters.gpu.model.decoder import DecoderModel
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+TensorSource = Callable[[str], torch.Tensor]
+
+
+class MissingTensorError(KeyError):
+    """A checkpoint lacks a tensor the configuration requires."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "missing tensor"
+
+
+def default_dtype(device: torch.device | str) -> torch.dtype:
+    """float32 on CPU (exact comparisons, no slow bf16 CPU kernels); bfloat16 on accelerators."""
+    return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
+
+
+def load_model(
+    model_dir: Path | str, *, dtype: torch.dtype, device: torch.device | str
+) -> DecoderModel:
+    """Reads `config.json` and the safetensors weights (single file or sharded) of `model_dir`."""
+    model_dir = Path(model_dir)
+    config = ModelConfig.from_dir(model_dir)
+    files, owner = _checkpoint_files(model_dir)
+    with ExitStack() as stack:
+        handles = {
+            name: stack.enter_context(safe_open(model_dir / name, framework="pt")) for name in files
+        }
+        names_by_file = {name: set(handle.keys()) for name, handle in handles.items()}
+        if owner is None:
+            owner = {key: name for name, keys in names_by_file.items() for key in keys}
+
+        def source(key: str) -> torch.Tensor:
+            file_name = owner.get(key)
+            if file_name is None or key not in names_by_file.get(file_name, ()):
+                raise MissingTensorError(f"checkpoint in {model_dir} lacks tensor {key!r}")
+            return handles[file_name].get_tensor(key)
+
+        return build_model(config, source, dtype=dtype, device=device)
+
+
+def build_model(
+    config: ModelConfig, source: TensorSource, *, dtype: torch.dtype, device: torch.device | str
+) -> DecoderModel:
+    """Fills a new `DecoderModel` from tensors named as in Hugging Face Llama checkpoints.
+
+    `source(name)` returns the tensor with that name or raises `MissingTensorError` (a KeyError);
+    other loaders (GGUF) reuse this by renaming their tensors to the HF names.
+    """
+    device = torch.device(device)
+    model = DecoderModel(config, dtype=dtype, device=device)
+
+    def fill(target: torch.Tensor, names: Iterable[str]) -> None:
+        parts = [_fetch(source, name) for name in names]
+        tensor = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+        if tuple(tensor.shape) != tuple(target.shape):
+            raise ValueError(
+                f"tensor {' + '.join(names)} has shape {tuple(tensor.shape)}, "
+                f"expected {tuple(target.shape)}"
+            )
+        target.copy_(tensor)
+
+    with torch.no_grad():
+        fill(model.embed_weight, ["model.embed_tokens.weight"])
+        fill(model.norm_weight, ["model.norm.weight"])
+        if not config.tie_word_embeddings:
+            fill(model.lm_head_weight, ["lm_head.weight"])
+        for index, layer in enumerate(model.layers):
+            prefix = f"model.layers.{index}."
+            attention = prefix + "self_attn."
+            mlp = prefix + "mlp."
+            fill(layer.input_norm, [prefix + "input_layernorm.weight"])
+            fill(layer.post_attention_norm, [prefix + "post_attention_layernorm.weight"])
+            fill(layer.qkv_weight, [f"{attention}{p}_proj.weight" for p in "qkv"])
+            if layer.qkv_bias is not None:
+                fill(layer.qkv_bias, [f"{attention}{p}_proj.bias" for p in "qkv"])
+            fill(layer.output_weight, [attention + "o_proj.weight"])
+            if layer.output_bias is not None:
+                fill(layer.output_bias, [attention + "o_proj.bias"])
+            fill(layer.gate_up_weight, [mlp + "gate_proj.weight", mlp + "up_proj.weight"])
+            if layer.gate_up_bias is not None:
+                fill(layer.gate_up_bias, [mlp + "gate_proj.bias", mlp + "up_proj.bias"])
+            fill(layer.down_weight, [mlp + "down_proj.weight"])
+            if layer.down_bias is not None:
+                fill(layer.down_bias, [mlp + "down_proj.bias"])
+    return model.eval()
+
+
+def _fetch(source: TensorSource, name: str) -> torch.Tensor:
+    try:
+        return source(name)
+    except MissingTensorError:
+        raise
+    except KeyError as error:
+        raise MissingTensorError(f"checkpoint lacks tensor {name!r}") from error
+
+
+def _checkpoint_files(model_dir: Path) -> tuple[list[str], dict[str, str] | None]:
+    """The safetensors files to open, and the index's tensor -> file map when sharded."""
+    index_path = model_dir / INDEX_FILE
+    if index_path.is_file():
+        with index_path.open(encoding="utf-8") as handle:
+            weight_map = json.load(handle).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ValueError(f"{index_path} has no weight_map")
+        files = sorted(set(weight_map.values()))
+        for name in files:
+            if not (model_dir / name).is_file():
+                raise FileNotFoundError(f"shard {name} listed in {index_path} is missing")
+        return files, dict(weight_map)
+    if (model_dir / SINGLE_FILE).is_file():
+        return [SINGLE_FILE], None
+    raise FileNotFoundError(f"no {SINGLE_FILE} or {INDEX_FILE} in {model_dir}")

@@ -1,0 +1,1 @@
+"""Generation logprobs: the completion bundle, its reducers, their sort keys and normalizer."""

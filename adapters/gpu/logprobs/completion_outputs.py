@@ -1,0 +1,164 @@
+"""The completion bundle: two record frames, the packed logprob output and its request inputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from adapters.gpu.logprobs.reducer import LogprobReducer, ReductionInputs
+from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer
+from domain.logprobs import FULL_POSITION_WORDS, MAX_SELECTED_IDS, unpack_position
+from domain.records import HEADER_WORDS, CompletionRecord
+from domain.step import ExecutorGeometry, FrameResult, SlotWork
+
+
+@dataclass(frozen=True, slots=True)
+class _FrameRequests:
+    """Kept with a pending frame: which lanes requested logprobs and how many pairs each reads."""
+
+    lanes: tuple[int, ...]
+    pairs: dict[int, int]
+    width: int  # W = max(K, the frame's largest selected-ID count)
+
+
+class CompletionOutputs:
+    """Owns `completion_records` int64[2, capacity, 16+T] and, when the core declares them,
+    `completion_logprobs` int32[2, capacity, T, 2+2A], `logprob_requested` int32[capacity] and
+    the selected-ID inputs `logprob_token_ids` int32[capacity, 128] and
+    `logprob_token_id_counts` int32[capacity].
+
+    Upload rules (the seed): the full flag and count vectors are written on every submission that
+    samples, clearing unused slots; selecting slots also get their ID prefix; only lanes of that
+    submission set flags. Submissions that sample nothing get neither flags nor transfers.
+    """
+
+    def __init__(
+        self, geometry: ExecutorGeometry, device: torch.device, backend: str = "reference"
+    ) -> None:
+        capacity, tokens = geometry.capacity, geometry.token_capacity
+        self._geometry = geometry
+        self._device = device
+        self._top_k = geometry.logprob_top_k
+        self._records = torch.zeros((2, capacity, HEADER_WORDS + tokens), dtype=torch.int64)
+        self._lanes: list[tuple[int, ...]] = [(), ()]
+        self._requests: list[_FrameRequests | None] = [None, None]
+        self.logprobs = self.requested = self.token_ids = self.counts = None
+        if self._top_k:
+            words = FULL_POSITION_WORDS if geometry.selects_logprob_ids else 2 + 2 * self._top_k
+            self.logprobs = torch.zeros(
+                (2, capacity, tokens, words), dtype=torch.int32, device=device
+            )  # [frame, slot, position, words]
+            self.requested = torch.zeros(capacity, dtype=torch.int32, device=device)
+            if geometry.selects_logprob_ids:
+                self.token_ids = torch.zeros(
+                    (capacity, MAX_SELECTED_IDS), dtype=torch.int32, device=device
+                )
+                self.counts = torch.zeros(capacity, dtype=torch.int32, device=device)
+            self._reducer = _reducer(backend, geometry.vocab_size, self._top_k)
+            self._prepare()
+
+    def _prepare(self) -> None:
+        """Sizes the reducer's workspaces and runs it once on a scratch frame, so any kernel
+        compilation happens at start-up (before capture), never while serving."""
+        self._reducer.reserve(self._geometry.capacity, self._device)
+        logits = torch.zeros(
+            (1, self._geometry.vocab_size), dtype=torch.float32, device=self._device
+        )
+        scratch = torch.zeros_like(self.logprobs[0])
+        requested = torch.zeros_like(self.requested)
+        requested[0] = 1
+        counts = None if self.counts is None else torch.zeros_like(self.counts)
+        zero = torch.zeros(1, dtype=torch.int64, device=self._device)
+        inputs = ReductionInputs(
+            logits, zero, zero, zero, requested, counts, self.token_ids, scratch
+        )
+        self._reducer.reduce(inputs)
+
+    def upload(self, frame: int, sampling: list[SlotWork]) -> bool:
+        """Writes this submission's flags, counts and ID prefixes; True if any lane requests."""
+        if self.requested is None:
+            return False
+        requesting = [w for w in sampling if w.logprobs is not None]
+        flags = [0] * self._geometry.capacity
+        counts = [0] * self._geometry.capacity
+        for work in requesting:
+            flags[work.slot] = 1
+            if work.logprobs.token_ids:
+                counts[work.slot] = len(work.logprobs.token_ids)
+                ids = torch.tensor(work.logprobs.token_ids, dtype=torch.int32)
+                self.token_ids[work.slot, : len(ids)].copy_(ids)
+        self.requested.copy_(torch.tensor(flags, dtype=torch.int32))
+        if self.counts is not None:
+            self.counts.copy_(torch.tensor(counts, dtype=torch.int32))
+        pairs = {w.slot: (len(w.logprobs.token_ids) or self._top_k) for w in requesting}
+        width = max(self._top_k, *pairs.values()) if requesting else 0
+        self._requests[frame] = _FrameRequests(tuple(pairs), pairs, width) if requesting else None
+        return bool(requesting)
+
+    def reduce(
+        self, frame: int, logits: torch.Tensor, sampling: list[SlotWork], chosen: torch.Tensor
+    ) -> None:
+        """Reports the sampled rows' logprobs from their raw logits into the frame."""
+        slots = torch.tensor([w.slot for w in sampling], dtype=torch.int64, device=self._device)
+        positions = torch.zeros_like(slots)  # ordinary sampling emits position zero
+        self._reducer.reduce(
+            ReductionInputs(
+                logits,
+                slots,
+                positions,
+                chosen,
+                self.requested,
+                self.counts,
+                self.token_ids,
+                self.logprobs[frame],
+            )
+        )
+
+    def commit(self, frame: int, records: list[CompletionRecord]) -> None:
+        """Encodes the lanes' records into the frame's ABI6 words, which `read` decodes.
+
+        Parked in part: serving reads each frame straight after submitting it (`Engine.step`
+        runs `read(submit(plan))`), so the second frame waits for an overlapped step loop.
+        """
+        capacity = self._geometry.token_capacity
+        for record in records:
+            self._records[frame, record.slot] = torch.tensor(record.encode(capacity))
+        self._lanes[frame] = tuple(record.slot for record in records)
+
+    def read(self, frame: int) -> FrameResult:
+        """Decodes the frame's records and, for requesting lanes only, their emitted positions."""
+        lanes, requests = self._lanes[frame], self._requests[frame]
+        rows = self._records[frame, list(lanes)].tolist() if lanes else []
+        records = tuple(CompletionRecord.decode(words) for words in rows)
+        self._lanes[frame], self._requests[frame] = (), None
+        if requests is None:
+            return FrameResult(frame, records)
+        width = 2 + 2 * requests.width
+        slots = list(requests.lanes)
+        # One copy of the requesting lanes' halves: chosen pair plus W alternative pairs.
+        payload = self.logprobs[frame, slots, :, :width].cpu().tolist()
+        by_slot = dict(zip(slots, payload, strict=True))
+        logprobs = []
+        for record in records:
+            rows = by_slot.get(record.slot)
+            if rows is None:
+                logprobs.append(None)
+                continue
+            pairs = requests.pairs[record.slot]
+            logprobs.append(
+                tuple(unpack_position(rows[i], pairs) for i in range(len(record.tokens)))
+            )
+        return FrameResult(frame, records, tuple(logprobs))
+
+
+def _reducer(backend: str, vocab_size: int, top_k: int) -> LogprobReducer:
+    """Both backends write the same words; Triton's launches are prepared here, at start-up."""
+    if backend == "triton":
+        # Imported only when chosen: triton is heavy and absent from some installs.
+        from adapters.gpu.logprobs.triton_reducer import TritonLogprobReducer
+
+        return TritonLogprobReducer(vocab_size, top_k)
+    if backend != "reference":
+        raise ValueError(f"unknown logprobs backend {backend!r}")
+    return ReferenceLogprobReducer(vocab_size, top_k)

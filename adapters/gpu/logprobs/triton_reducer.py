@@ -1,0 +1,308 @@
+"""The generation logprob reduction as four prepared Triton launches, bit-equal to the reference."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from adapters.gpu.logprobs.keys import (
+    CANDIDATES_PER_TILE,
+    LOW_WORD,
+    NAN_BITS,
+    NEGATIVE_ZERO_BITS,
+    NO_KEY,
+)
+from adapters.gpu.logprobs.normalizer import (
+    EXP_COEFFICIENTS,
+    EXP_HIGH,
+    EXP_LOW,
+    LN2_HIGH,
+    LN2_LOW,
+    LOG2E,
+    LOG_COEFFICIENTS,
+    LSE_TILE,
+    SQRT_HALF,
+)
+from adapters.gpu.logprobs.reducer import ReductionInputs, check_inputs, check_sizes
+from domain.logprobs import MAX_SELECTED_IDS, NATURAL_TOP_K
+
+TILE_TREE_LEVELS = LSE_TILE.bit_length() - 1  # levels of a tile's pairwise exponential sum
+# Kernels may only read module globals that are constexpr: these wrap the shared numbers.
+_NAN_BITS = tl.constexpr(NAN_BITS)
+_NEGATIVE_ZERO_BITS = tl.constexpr(NEGATIVE_ZERO_BITS)
+_NO_KEY = tl.constexpr(NO_KEY)
+_LOW_WORD = tl.constexpr(LOW_WORD)
+_EXP_LOW, _EXP_HIGH = tl.constexpr(EXP_LOW), tl.constexpr(EXP_HIGH)
+_LOG2E, _SQRT_HALF = tl.constexpr(LOG2E), tl.constexpr(SQRT_HALF)
+_LN2_HIGH, _LN2_LOW = tl.constexpr(LN2_HIGH), tl.constexpr(LN2_LOW)
+_E0, _E1, _E2, _E3, _E4, _E5 = (tl.constexpr(c) for c in EXP_COEFFICIENTS)
+_L0, _L1, _L2, _L3, _L4, _L5, _L6, _L7, _L8 = (tl.constexpr(c) for c in LOG_COEFFICIENTS)
+
+
+def fusion_options() -> dict:
+    """Launch options that keep the reference's rounding: FMA contraction off, since a fused
+    multiply-add rounds once where the reference rounds twice (the interpreter keeps defaults)."""
+    return {} if os.environ.get("TRITON_INTERPRET") == "1" else {"enable_fp_fusion": False}
+
+
+@triton.jit
+def tl_fp32_exp(x):
+    # Operation for operation the reference's fp32_exp; launches disable FMA contraction.
+    finite = tl.where(x != x, 0.0, x)
+    finite = tl.minimum(tl.maximum(finite, _EXP_LOW), _EXP_HIGH)
+    n = tl.floor(finite * _LOG2E + 0.5)
+    r = (finite - n * _LN2_HIGH) - n * _LN2_LOW
+    poly = tl.zeros_like(r) + _E0
+    poly = poly * r + _E1
+    poly = poly * r + _E2
+    poly = poly * r + _E3
+    poly = poly * r + _E4
+    poly = poly * r + _E5
+    poly = (poly * (r * r) + r) + 1.0
+    scale = ((n.to(tl.int32) + 127) * (1 << 23)).to(tl.float32, bitcast=True)
+    result = poly * scale
+    result = tl.where(x < _EXP_LOW, 0.0, result)
+    result = tl.where(x > _EXP_HIGH, float("inf"), result)
+    return tl.where(x != x, x, result)
+
+
+@triton.jit
+def tl_fp32_log(s):
+    # Operation for operation the reference's fp32_log.
+    usable = (s == s) & (s > 0.0) & (s != float("inf"))
+    normal = tl.where(usable, s, 1.0)
+    bits = normal.to(tl.int32, bitcast=True)
+    exponent = (bits >> 23) - 126
+    mantissa = ((bits & 0x007FFFFF) | 0x3F000000).to(tl.float32, bitcast=True)
+    small = mantissa < _SQRT_HALF
+    exponent = (exponent - small.to(tl.int32)).to(tl.float32)
+    f = tl.where(small, (mantissa + mantissa) - 1.0, mantissa - 1.0)
+    z = f * f
+    poly = tl.zeros_like(f) + _L0
+    poly = poly * f + _L1
+    poly = poly * f + _L2
+    poly = poly * f + _L3
+    poly = poly * f + _L4
+    poly = poly * f + _L5
+    poly = poly * f + _L6
+    poly = poly * f + _L7
+    poly = poly * f + _L8
+    y = (poly * f) * z
+    y = y + exponent * _LN2_LOW
+    y = y + z * -0.5
+    result = (f + y) + exponent * _LN2_HIGH
+    result = tl.where(s == 0.0, float("-inf"), result)
+    return tl.where((s == s) & (s >= 0.0) & (s != float("inf")), result, s)
+
+
+@triton.jit
+def tl_finite_or_zero(peak):
+    return tl.where((peak == float("inf")) | (peak == float("-inf")), 0.0, peak)
+
+
+@triton.jit
+def gate_row(row, slots, requested, counts, HAS_IDS: tl.constexpr, NATURAL_ONLY: tl.constexpr):
+    """Whether the row's slot requests; with NATURAL_ONLY, also that it selects no IDs."""
+    slot = tl.load(slots + row)
+    live = tl.load(requested + slot) != 0
+    if NATURAL_ONLY and HAS_IDS:
+        live = live & (tl.load(counts + slot) <= 0)
+    return live
+
+
+@triton.jit
+def tile_stats_kernel(
+    logits, row_stride, slots, requested, stats, vocab, tiles,
+    TILE: tl.constexpr, LOG2_TILE: tl.constexpr,
+):  # fmt: skip
+    row, tile = tl.program_id(0), tl.program_id(1)
+    if gate_row(row, slots, requested, slots, False, False):
+        lanes = tile * TILE + tl.arange(0, TILE)
+        x = tl.load(
+            logits + row.to(tl.int64) * row_stride + lanes,
+            mask=lanes < vocab,
+            other=float("-inf"),
+        ).to(tl.float32)
+        peak = tl.max(x, 0)
+        mass = tl_fp32_exp(x - tl_finite_or_zero(peak))
+        for level in tl.static_range(LOG2_TILE):
+            left, right = tl.split(tl.reshape(mass, [TILE >> (level + 1), 2]))
+            mass = left + right
+        cell = stats + (row.to(tl.int64) * tiles + tile) * 2
+        tl.store(cell, peak)
+        tl.store(cell + 1, tl.sum(mass, 0))
+
+
+@triton.jit
+def _normalize_kernel(slots, requested, stats, lse, tiles, TILES_BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    if gate_row(row, slots, requested, slots, False, False):
+        base = stats + row.to(tl.int64) * tiles * 2
+        index = tl.arange(0, TILES_BLOCK)
+        peaks = tl.load(base + 2 * index, mask=index < tiles, other=float("-inf"))
+        shift = tl_finite_or_zero(tl.max(peaks, 0))
+        total = tl.zeros([1], dtype=tl.float32)
+        for tile in range(tiles):  # in tile order, one rounding per tile, as the reference
+            one = tl.arange(0, 1)
+            peak = tl.load(base + 2 * tile + one)
+            mass = tl.load(base + 2 * tile + 1 + one)
+            rescaled = mass * tl_fp32_exp(tl_finite_or_zero(peak) - shift)
+            total = total + tl.where(peak == float("-inf"), 0.0, rescaled)
+        tl.store(lse + row, tl.sum(shift + tl_fp32_log(total), 0))
+
+
+@triton.jit
+def tl_order_keys(values, token_ids):
+    """int64 sort keys of FP32 values and their IDs, as the reference order_keys."""
+    bits = values.to(tl.int32, bitcast=True)
+    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    ordered = tl.where(bits == _NEGATIVE_ZERO_BITS, 0, ordered)
+    return (ordered.to(tl.int64) << 32) + (_LOW_WORD - token_ids.to(tl.int64))
+
+
+@triton.jit
+def _tile_candidates_kernel(
+    logits, row_stride, slots, requested, counts, lse, keys, vocab, tiles,
+    HAS_IDS: tl.constexpr, TILE: tl.constexpr, CANDIDATES: tl.constexpr,
+):  # fmt: skip
+    row, tile = tl.program_id(0), tl.program_id(1)
+    if gate_row(row, slots, requested, counts, HAS_IDS, True):
+        lanes = tile * TILE + tl.arange(0, TILE)
+        inside = lanes < vocab
+        x = tl.load(logits + row.to(tl.int64) * row_stride + lanes, mask=inside, other=0.0)
+        values = x.to(tl.float32) - tl.load(lse + row)
+        ranked = tl.where(inside, tl_order_keys(values, lanes), _NO_KEY)
+        cell = keys + (row.to(tl.int64) * tiles + tile) * CANDIDATES
+        for rank in range(CANDIDATES):  # keys are unique, so equality removes exactly one
+            best = tl.max(ranked, 0)
+            tl.store(cell + rank, best)
+            ranked = tl.where(ranked == best, _NO_KEY, ranked)
+
+
+@triton.jit
+def _reported_bits(logits_row, token_ids, wanted, vocab, shift):
+    """int32 bits of logit - lse where wanted; NaN bits for IDs outside the real vocabulary."""
+    inside = (token_ids >= 0) & (token_ids < vocab)
+    safe = tl.where(wanted & inside, token_ids, 0)
+    x = tl.load(logits_row + safe, mask=wanted & inside, other=0.0).to(tl.float32)
+    bits = (x - shift).to(tl.int32, bitcast=True)
+    return tl.where(inside, bits, _NAN_BITS)
+
+
+@triton.jit
+def _merge_kernel(
+    logits, row_stride, slots, positions, chosen, requested, counts, token_ids, lse, keys,
+    out, out_tokens, out_words, vocab, tiles,
+    HAS_IDS: tl.constexpr, TOP_K: tl.constexpr, CANDIDATES_BLOCK: tl.constexpr,
+    CANDIDATES: tl.constexpr, SELECTED: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    if gate_row(row, slots, requested, counts, HAS_IDS, False):
+        slot = tl.load(slots + row).to(tl.int64)
+        position = tl.load(positions + row).to(tl.int64)
+        target = out + (slot * out_tokens + position) * out_words
+        logits_row = logits + row.to(tl.int64) * row_stride
+        shift = tl.load(lse + row)
+        one = tl.arange(0, 1)
+        token = tl.load(chosen + row + one).to(tl.int64)
+        tl.store(target + one, token.to(tl.int32))
+        tl.store(target + 1 + one, _reported_bits(logits_row, token, one == 0, vocab, shift))
+        count = 0
+        if HAS_IDS:
+            count = tl.minimum(tl.load(counts + slot), SELECTED)
+        if count > 0:
+            index = tl.arange(0, SELECTED)
+            live = index < count
+            ids = tl.load(token_ids + slot * SELECTED + index, mask=live, other=0)
+            bits = _reported_bits(logits_row, ids.to(tl.int64), live, vocab, shift)
+            tl.store(target + 2 + 2 * index, ids, mask=live)
+            tl.store(target + 3 + 2 * index, bits, mask=live)
+        else:
+            index = tl.arange(0, CANDIDATES_BLOCK)
+            ranked = tl.load(
+                keys + row.to(tl.int64) * tiles * CANDIDATES + index,
+                mask=index < tiles * CANDIDATES,
+                other=_NO_KEY,
+            )
+            for rank in range(TOP_K):
+                best = tl.max(ranked, 0)
+                ranked = tl.where(ranked == best, _NO_KEY, ranked)
+                found = (best + one) != _NO_KEY  # a vocabulary smaller than K runs out
+                token_id = tl.where(found, _LOW_WORD - (best & _LOW_WORD), -1)
+                bits = _reported_bits(logits_row, token_id, found, vocab, shift)
+                tl.store(target + 2 + 2 * rank + one, token_id.to(tl.int32))
+                tl.store(target + 3 + 2 * rank + one, tl.where(found, bits, 0))
+
+
+class TritonLogprobReducer:
+    """`LogprobReducer` writing the reference's words from four Triton launches over the tiles.
+
+    Every row of `logits` gets programs; a row whose slot has a zero flag stops after reading
+    it, so no host synchronization chooses the rows. Workspaces (per-tile maxima and masses,
+    per-tile best keys, one normalization per row) are kept for the largest row count seen.
+    """
+
+    def __init__(self, vocab_size: int, top_k: int = NATURAL_TOP_K) -> None:
+        check_sizes(vocab_size, top_k)
+        self.vocab_size = vocab_size
+        self.top_k = top_k
+        self.tiles = -(-vocab_size // LSE_TILE)
+        self._workspace: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def reserve(self, capacity: int, device: torch.device | str) -> None:
+        """Allocates the workspaces for up to `capacity` rows (before capture, for instance)."""
+        # A bare "cuda" names the current device; normalize so the comparison below is exact and
+        # a graph captured over these workspaces never sees them reallocated.
+        device = torch.empty(0, device=device).device
+        workspace = self._workspace
+        if (
+            workspace is not None
+            and workspace[2].shape[0] >= capacity
+            and workspace[2].device == torch.device(device)
+        ):
+            return
+        rows = max(capacity, 1)
+        self._workspace = (
+            torch.empty((rows, self.tiles, 2), dtype=torch.float32, device=device),
+            torch.empty((rows, self.tiles, CANDIDATES_PER_TILE), dtype=torch.int64, device=device),
+            torch.empty(rows, dtype=torch.float32, device=device),
+        )
+
+    def reduce(self, inputs: ReductionInputs) -> None:
+        """The reference's words, from the four launches (see `LogprobReducer`)."""
+        check_inputs(inputs, self.vocab_size, self.top_k)
+        logits, slots, positions, chosen, requested, counts, token_ids, out = inputs
+        rows = logits.shape[0]
+        if rows == 0:
+            return
+        if logits.stride(1) != 1:
+            logits = logits.contiguous()
+        self.reserve(rows, logits.device)
+        stats, keys, lse = self._workspace
+        has_ids = counts is not None
+        counts = counts if has_ids else requested  # never read without HAS_IDS
+        token_ids = token_ids if has_ids else requested
+        common = fusion_options()
+        row_stride, vocab, tiles = logits.stride(0), self.vocab_size, self.tiles
+        tile_stats_kernel[(rows, tiles)](
+            logits, row_stride, slots, requested, stats, vocab, tiles,
+            TILE=LSE_TILE, LOG2_TILE=TILE_TREE_LEVELS, **common,
+        )  # fmt: skip
+        _normalize_kernel[(rows,)](
+            slots, requested, stats, lse, tiles,
+            TILES_BLOCK=triton.next_power_of_2(tiles), **common,
+        )  # fmt: skip
+        _tile_candidates_kernel[(rows, tiles)](
+            logits, row_stride, slots, requested, counts, lse, keys, vocab, tiles,
+            HAS_IDS=has_ids, TILE=LSE_TILE, CANDIDATES=CANDIDATES_PER_TILE, **common,
+        )  # fmt: skip
+        _merge_kernel[(rows,)](
+            logits, row_stride, slots, positions, chosen, requested, counts, token_ids, lse,
+            keys, out, out.shape[1], out.shape[2], vocab, tiles,
+            HAS_IDS=has_ids, TOP_K=self.top_k,
+            CANDIDATES_BLOCK=triton.next_power_of_2(tiles * CANDIDATES_PER_TILE),
+            CANDIDATES=CANDIDATES_PER_TILE, SELECTED=MAX_SELECTED_IDS, **common,
+        )  # fmt: skip

@@ -1,0 +1,168 @@
+"""The Llama-family decoder (Llama, Qwen2, Mistral) running over a paged KV cache."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from adapters.gpu.model.attention import AttentionMasks, paged_attention
+from adapters.gpu.model.config import ModelConfig
+from adapters.gpu.model.forward_batch import ForwardBatch
+from adapters.gpu.model.kv_cache import PagedKVCache
+from adapters.gpu.model.rope import RotaryEmbedding, apply_rotary
+
+
+def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Root-mean-square norm computed in float32, then scaled in the model dtype (as HF)."""
+    as_float = hidden.to(torch.float32)
+    variance = as_float.pow(2).mean(-1, keepdim=True)
+    return weight * (as_float * torch.rsqrt(variance + eps)).to(hidden.dtype)
+
+
+def _weight(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+
+def _optional(
+    present: bool, size: int, dtype: torch.dtype, device: torch.device
+) -> nn.Parameter | None:
+    return _weight(size, dtype=dtype, device=device) if present else None
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention and SwiGLU MLP blocks with residuals.
+
+    q/k/v and gate/up projections are fused into one matmul each; the loader concatenates
+    the checkpoint's separate weights in that order.
+    """
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        hidden = config.hidden_size
+        head_dim = config.head_dim
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = head_dim
+        self.eps = config.rms_norm_eps
+        self.scale = head_dim**-0.5
+        qkv_size = (self.num_heads + 2 * self.num_kv_heads) * head_dim
+        inner = config.intermediate_size
+        self.input_norm = _weight(hidden, dtype=dtype, device=device)
+        self.qkv_weight = _weight(qkv_size, hidden, dtype=dtype, device=device)
+        self.qkv_bias = _optional(config.attention_bias, qkv_size, dtype, device)
+        self.output_weight = _weight(hidden, self.num_heads * head_dim, dtype=dtype, device=device)
+        self.output_bias = _optional(config.output_bias, hidden, dtype, device)
+        self.post_attention_norm = _weight(hidden, dtype=dtype, device=device)
+        self.gate_up_weight = _weight(2 * inner, hidden, dtype=dtype, device=device)
+        self.gate_up_bias = _optional(config.mlp_bias, 2 * inner, dtype, device)
+        self.down_weight = _weight(hidden, inner, dtype=dtype, device=device)
+        self.down_bias = _optional(config.mlp_bias, hidden, dtype, device)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,  # [N, hidden]
+        cos: torch.Tensor,  # [N, 1, head_dim]
+        signed_sin: torch.Tensor,  # [N, 1, head_dim]
+        batch: ForwardBatch,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        masks: AttentionMasks,
+    ) -> torch.Tensor:
+        num_rows = hidden.shape[0]
+        rotated_heads = self.num_heads + self.num_kv_heads
+        normed = rms_norm(hidden, self.input_norm, self.eps)
+        qkv = F.linear(normed, self.qkv_weight, self.qkv_bias).view(num_rows, -1, self.head_dim)
+        # Queries and keys are adjacent heads, so one rotation covers both.
+        rotated = apply_rotary(qkv[:, :rotated_heads], cos, signed_sin)
+        attended = paged_attention(
+            rotated[:, : self.num_heads],
+            rotated[:, self.num_heads :],
+            qkv[:, rotated_heads:],
+            key_cache,
+            value_cache,
+            batch,
+            masks,
+            self.scale,
+        )
+        hidden = hidden + F.linear(attended, self.output_weight, self.output_bias)
+        normed = rms_norm(hidden, self.post_attention_norm, self.eps)
+        gate, up = F.linear(normed, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
+        return hidden + F.linear(F.silu(gate) * up, self.down_weight, self.down_bias)
+
+
+class DecoderModel(nn.Module):
+    """Embedding, decoder layers, final norm and LM head over a paged KV cache.
+
+    A forward runs every chunk of a `ForwardBatch` at once: for each layer it writes the new
+    keys/values at `slot_mapping`, attends decode rows in one batched call and prompt chunks in
+    another, and returns final-normed hidden states; `compute_logits` applies the LM head to
+    the rows that are sampled. Parameters start uninitialised; `weights.load_model` fills them.
+    """
+
+    def __init__(self, config: ModelConfig, *, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        self.device = torch.device(device)
+        vocab, hidden = config.vocab_size, config.hidden_size
+        self.embed_weight = _weight(vocab, hidden, dtype=dtype, device=self.device)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, dtype, self.device) for _ in range(config.num_hidden_layers)
+        )
+        self.norm_weight = _weight(hidden, dtype=dtype, device=self.device)
+        if config.tie_word_embeddings:
+            self.lm_head_weight = self.embed_weight
+        else:
+            self.lm_head_weight = _weight(vocab, hidden, dtype=dtype, device=self.device)
+        self.rotary = RotaryEmbedding(config, self.device)
+        self._windows = config.sliding_windows
+        self._groups = config.num_query_groups
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, kv_cache: PagedKVCache) -> torch.Tensor:
+        """Final-normed hidden states [N, hidden] of every row of `batch`."""
+        self._check(batch, kv_cache)
+        hidden = F.embedding(batch.input_ids, self.embed_weight)
+        cos, signed_sin = self.rotary.cos_sin(batch.positions, self.dtype)
+        masks = {
+            window: AttentionMasks.build(batch, self._groups, window)
+            for window in set(self._windows)
+        }
+        for index, layer in enumerate(self.layers):
+            hidden = layer(
+                hidden,
+                cos,
+                signed_sin,
+                batch,
+                kv_cache.keys[index],
+                kv_cache.values[index],
+                masks[self._windows[index]],
+            )
+        return rms_norm(hidden, self.norm_weight, self.config.rms_norm_eps)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
+        """Float32 logits [R, vocab_size] of final-normed hidden rows [R, hidden]."""
+        return F.linear(hidden_rows, self.lm_head_weight).float()
+
+    def _check(self, batch: ForwardBatch, kv_cache: PagedKVCache) -> None:
+        if batch.block_size != kv_cache.block_size:
+            raise ValueError(
+                f"batch built for block size {batch.block_size}, cache has {kv_cache.block_size}"
+            )
+        if batch.max_block_id >= kv_cache.num_blocks:
+            raise ValueError(
+                f"block {batch.max_block_id} is outside the cache's {kv_cache.num_blocks} blocks"
+            )
+        if batch.max_token_id >= self.config.vocab_size:
+            raise ValueError(
+                f"token ID {batch.max_token_id} is outside the vocabulary "
+                f"({self.config.vocab_size})"
+            )
+        if kv_cache.num_layers != len(self.layers):
+            raise ValueError(
+                f"cache has {kv_cache.num_layers} layers, model has {len(self.layers)}"
+            )
+        if kv_cache.dtype != self.dtype:
+            raise ValueError(f"cache dtype {kv_cache.dtype} differs from model dtype {self.dtype}")

@@ -1,0 +1,1 @@
+"""Vocabulary-parallel logprobs and scoring, parked until tensor parallelism (#13) serves them."""

@@ -1,0 +1,1 @@
+"""Token sampling: logit edits, penalties, filtering and seeded Philox draws."""

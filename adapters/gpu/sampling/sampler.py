@@ -1,0 +1,212 @@
+"""Batched token sampling: logit edits, penalties, temperature, filtering and seeded draws."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from adapters.gpu.sampling.philox import philox_uniform
+
+# Temperatures this small would overflow float32 logits; such rows are sampled greedily (as vLLM).
+GREEDY_TEMPERATURE_BELOW = 1e-5
+
+_ROW_FIELDS = (
+    ("temperature", torch.float32),
+    ("top_k", torch.int32),
+    ("top_p", torch.float32),
+    ("min_p", torch.float32),
+    ("presence_penalty", torch.float32),
+    ("frequency_penalty", torch.float32),
+    ("repetition_penalty", torch.float32),
+    ("seeds", torch.int64),
+    ("counters", torch.int64),
+)
+_PAIR_FIELDS = (
+    (("bias_rows", torch.int64), ("bias_token_ids", torch.int64), ("bias_values", torch.float32)),
+    (("banned_rows", torch.int64), ("banned_token_ids", torch.int64)),
+)
+_FLAG_FIELDS = ("all_greedy", "any_penalties", "any_top_k_top_p", "any_min_p")
+
+
+@dataclass(frozen=True)
+class SamplingTensors:
+    """Per-row sampling parameters of one batch of R rows, all on the logits' device.
+
+    Disabled values: top_k 0 (or >= vocab), top_p 1.0, min_p 0.0, presence and frequency
+    penalties 0.0, repetition_penalty 1.0; temperature 0 means greedy. Presence and frequency
+    penalties count generated tokens only (`output_counts`); the repetition penalty covers
+    prompt and generated tokens and is applied only when `prompt_mask` is given. The flags are
+    computed by the caller so that the sampler never reads tensor values back to the host:
+    `all_greedy` (every temperature is 0), `any_penalties` (some row uses a penalty; then
+    `output_counts` is required), `any_top_k_top_p`, `any_min_p` (some row may use that filter).
+    `seeds` and `counters` (the position of the token being sampled) key each row's noise.
+    """
+
+    temperature: Tensor
+    top_k: Tensor
+    top_p: Tensor
+    min_p: Tensor
+    presence_penalty: Tensor
+    frequency_penalty: Tensor
+    repetition_penalty: Tensor
+    output_counts: Tensor | None
+    prompt_mask: Tensor | None
+    bias_rows: Tensor
+    bias_token_ids: Tensor
+    bias_values: Tensor
+    banned_rows: Tensor
+    banned_token_ids: Tensor
+    seeds: Tensor
+    counters: Tensor
+    all_greedy: bool
+    any_penalties: bool
+    # Leaving these True is always correct; False skips the sort or the max that the filter costs.
+    any_top_k_top_p: bool = True
+    any_min_p: bool = True
+
+    def __post_init__(self) -> None:
+        for name in _FLAG_FIELDS:
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool")
+        if not isinstance(self.temperature, Tensor):
+            raise TypeError("temperature must be a tensor")
+        device = self.temperature.device
+        rows = _length(self.temperature)
+        for name, dtype in _ROW_FIELDS:
+            _check_tensor(name, getattr(self, name), dtype, device, (rows,))
+        for group in _PAIR_FIELDS:
+            length = _length(getattr(self, group[0][0]))
+            for name, dtype in group:
+                _check_tensor(name, getattr(self, name), dtype, device, (length,))
+        for name, dtype in (("output_counts", torch.int32), ("prompt_mask", torch.bool)):
+            value = getattr(self, name)
+            if value is not None:
+                vocab = value.shape[-1] if isinstance(value, Tensor) and value.dim() else -1
+                _check_tensor(name, value, dtype, device, (rows, vocab))
+        if self.prompt_mask is not None and (
+            self.output_counts is None or self.output_counts.shape != self.prompt_mask.shape
+        ):
+            raise ValueError("prompt_mask needs output_counts of the same shape")
+        if self.any_penalties and self.output_counts is None:
+            raise ValueError("any_penalties needs output_counts")
+        if not self.any_penalties and self.prompt_mask is not None:
+            raise ValueError("prompt_mask is given but any_penalties is False")
+
+    @property
+    def rows(self) -> int:
+        return self.temperature.shape[0]
+
+
+def _length(value: object) -> int:
+    """Length of a 1-D tensor, or -1 so that the shape check reports it."""
+    return value.shape[0] if isinstance(value, Tensor) and value.dim() == 1 else -1
+
+
+def _check_tensor(
+    name: str, value: object, dtype: torch.dtype, device: torch.device, shape: tuple[int, ...]
+) -> None:
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a tensor")
+    if value.dtype != dtype:
+        raise TypeError(f"{name} must be {dtype}, got {value.dtype}")
+    if value.device != device:
+        raise ValueError(f"{name} is on {value.device}, expected {device}")
+    if tuple(value.shape) != shape or -1 in shape:
+        raise ValueError(f"{name} has shape {tuple(value.shape)}, expected {shape}")
+
+
+def edited_logits(logits: Tensor, tensors: SamplingTensors) -> Tensor:
+    """A float32 copy of `logits` with logit_bias, bans and penalties applied, in vLLM order."""
+    scratch = logits.to(dtype=torch.float32, copy=True)
+    if tensors.bias_rows.numel():
+        scratch.index_put_(
+            (tensors.bias_rows, tensors.bias_token_ids), tensors.bias_values, accumulate=True
+        )
+    if tensors.banned_rows.numel():
+        banned = torch.full_like(tensors.banned_rows, -math.inf, dtype=torch.float32)
+        scratch.index_put_((tensors.banned_rows, tensors.banned_token_ids), banned)
+    if tensors.any_penalties:
+        _apply_penalties(scratch, tensors)
+    return scratch
+
+
+def _apply_penalties(scratch: Tensor, tensors: SamplingTensors) -> None:
+    counts = tensors.output_counts
+    if counts is None:
+        return
+    generated = counts > 0
+    if tensors.prompt_mask is not None:
+        seen = generated | tensors.prompt_mask
+        penalty = tensors.repetition_penalty.unsqueeze(1)
+        penalised = torch.where(scratch > 0, scratch / penalty, scratch * penalty)
+        torch.where(seen, penalised, scratch, out=scratch)
+    scratch.sub_(tensors.frequency_penalty.unsqueeze(1) * counts)
+    scratch.sub_(tensors.presence_penalty.unsqueeze(1) * generated)
+
+
+def filtered_logits(logits: Tensor, tensors: SamplingTensors) -> Tensor:
+    """New tensor: `logits` divided by temperature, then min_p, top_k and top_p set to -inf.
+
+    Greedy rows are divided by 1. Tokens tied with the last kept one are kept too.
+    """
+    greedy = tensors.temperature < GREEDY_TEMPERATURE_BELOW
+    divisor = torch.where(greedy, torch.ones_like(tensors.temperature), tensors.temperature)
+    scaled = logits.to(torch.float32) / divisor.unsqueeze(1)
+    if tensors.any_min_p:
+        # prob < min_p * max_prob, compared in log space to skip a softmax.
+        floor = torch.log(tensors.min_p).unsqueeze(1)
+        scaled.masked_fill_(scaled - scaled.amax(dim=1, keepdim=True) < floor, -math.inf)
+    if tensors.any_top_k_top_p:
+        scaled.masked_fill_(scaled < _top_k_top_p_cutoff(scaled, tensors), -math.inf)
+    return scaled
+
+
+def _top_k_top_p_cutoff(scaled: Tensor, tensors: SamplingTensors) -> Tensor:
+    """Per row [R, 1], the smallest logit that both top_k and then top_p keep."""
+    vocab = scaled.shape[1]
+    ranked = scaled.sort(dim=1, descending=True).values
+    top_k = tensors.top_k.to(torch.int64)
+    top_k = torch.where((top_k <= 0) | (top_k > vocab), vocab, top_k)
+    k_cutoff = ranked.gather(1, (top_k - 1).unsqueeze(1))
+    ranked.masked_fill_(ranked < k_cutoff, -math.inf)
+    probs = ranked.softmax(dim=1)
+    mass_before = torch.nn.functional.pad(probs.cumsum(dim=1)[:, :-1], (1, 0))
+    # Rounding can leave the total mass just under 1.0, so a disabled top_p must not compare.
+    top_p = torch.where(tensors.top_p < 1.0, tensors.top_p, math.inf).unsqueeze(1)
+    kept = (mass_before < top_p).sum(dim=1, keepdim=True).clamp_(min=1)
+    p_cutoff = ranked.gather(1, kept - 1)
+    return torch.maximum(k_cutoff, p_cutoff)
+
+
+class Sampler:
+    """Turns a batch of raw logits rows into sampled token IDs, never writing to the logits."""
+
+    def sample(self, logits: Tensor, tensors: SamplingTensors) -> Tensor:
+        """Chosen token ID per row, int64 [R]; greedy ties go to the lowest token ID."""
+        if logits.dim() != 2 or logits.shape[0] != tensors.rows:
+            shape = tuple(logits.shape)
+            raise ValueError(f"logits shape {shape} does not match {tensors.rows} rows")
+        if not logits.dtype.is_floating_point:
+            raise TypeError(f"logits must be floating point, got {logits.dtype}")
+        counts = tensors.output_counts
+        if counts is not None and counts.shape[1] != logits.shape[1]:
+            raise ValueError(f"output_counts vocab {counts.shape[1]} != logits {logits.shape[1]}")
+        needs_edit = (
+            tensors.any_penalties
+            or tensors.bias_rows.numel() > 0
+            or tensors.banned_rows.numel() > 0
+        )
+        processed = edited_logits(logits, tensors) if needs_edit else logits
+        greedy_chosen = processed.argmax(dim=1)
+        if tensors.all_greedy:
+            return greedy_chosen
+        scores = filtered_logits(processed, tensors)
+        # Gumbel-max: argmax(logit / T + Gumbel noise) is a draw from softmax(logit / T).
+        noise = philox_uniform(tensors.seeds, tensors.counters, logits.shape[1])
+        noise.log_().neg_().clamp_(min=torch.finfo(torch.float32).tiny).log_().neg_()
+        random_chosen = scores.add_(noise).argmax(dim=1)
+        greedy = tensors.temperature < GREEDY_TEMPERATURE_BELOW
+        return torch.where(greedy, greedy_chosen, random_chosen)

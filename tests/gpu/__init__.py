@@ -1,1 +1,0 @@
-"""Checks that need a CUDA device: run with `pytest -m gpu tests/gpu` on a machine that has one."""

@@ -1,0 +1,123 @@
+"""The completion bundle's upload rules, frames and W-wide read-back (reference reducer, CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adapters.gpu.logprobs.completion_outputs import CompletionOutputs
+from domain.logprobs import LogprobOptions
+from domain.records import CompletionRecord, Role
+from domain.sampling import SamplingParams
+from domain.step import ExecutorGeometry, SlotWork
+
+VOCAB = 50
+
+
+@pytest.fixture(params=["reference", "triton"])
+def backend(request) -> str:
+    """The bundle behaves the same whichever reducer fills it."""
+    if request.param == "triton":
+        pytest.importorskip("triton")
+    return request.param
+
+
+def geometry(top_k: int = 20, selects: bool = True) -> ExecutorGeometry:
+    return ExecutorGeometry(
+        capacity=8,
+        block_size=4,
+        num_blocks=8,
+        vocab_size=VOCAB,
+        max_model_len=32,
+        token_capacity=8,
+        logprob_top_k=top_k,
+        selects_logprob_ids=selects,
+    )
+
+
+def lane(slot: int, logprobs: LogprobOptions | None) -> SlotWork:
+    return SlotWork(
+        slot=slot,
+        epoch=1,
+        token_ids=(1,),
+        start_position=3,
+        block_table=(slot,),
+        prompt_len=2,
+        sample=True,
+        params=SamplingParams(),
+        seed=0,
+        logprobs=logprobs,
+    )
+
+
+def test_a_core_without_logprob_buffers_allocates_none_and_never_requests(backend):
+    outputs = CompletionOutputs(geometry(top_k=0, selects=False), torch.device("cpu"), backend)
+
+    assert outputs.logprobs is None and outputs.requested is None
+    assert outputs.upload(0, [lane(0, LogprobOptions(top_k=2))]) is False
+
+
+def test_upload_writes_full_flag_and_count_vectors_and_the_selecting_slots_id_prefix(backend):
+    outputs = CompletionOutputs(geometry(), torch.device("cpu"), backend)
+
+    outputs.upload(
+        0,
+        [
+            lane(1, LogprobOptions(top_k=3)),
+            lane(2, None),
+            lane(5, LogprobOptions(token_ids=(7, 4, 9))),
+        ],
+    )
+
+    assert outputs.requested.tolist() == [0, 1, 0, 0, 0, 1, 0, 0]
+    assert outputs.counts.tolist() == [0, 0, 0, 0, 0, 3, 0, 0]
+    assert outputs.token_ids[5, :3].tolist() == [7, 4, 9]
+
+
+def test_the_next_submission_clears_flags_and_counts_of_lanes_it_does_not_request(backend):
+    outputs = CompletionOutputs(geometry(), torch.device("cpu"), backend)
+    outputs.upload(0, [lane(5, LogprobOptions(token_ids=(7, 4)))])
+
+    outputs.upload(1, [lane(5, None), lane(6, LogprobOptions(top_k=1))])
+
+    assert outputs.requested.tolist() == [0, 0, 0, 0, 0, 0, 1, 0]
+    assert outputs.counts.tolist() == [0] * 8
+
+
+def test_read_decodes_only_requesting_lanes_and_never_stale_payload(backend):
+    outputs = CompletionOutputs(geometry(), torch.device("cpu"), backend)
+    outputs.logprobs.fill_(123)  # stale words a reader must never decode
+    works = [
+        lane(0, LogprobOptions(top_k=2)),
+        lane(1, None),
+        lane(2, LogprobOptions(token_ids=(3,))),
+    ]
+    outputs.upload(0, works)
+    logits = torch.randn(3, VOCAB + 6)  # six padded LM-head lanes
+    chosen = torch.tensor([4, 5, 6])
+
+    outputs.reduce(0, logits, works, chosen)
+    outputs.commit(
+        0,
+        [
+            CompletionRecord(w.slot, 1, Role.SAMPLE, (int(t),))
+            for w, t in zip(works, chosen, strict=True)
+        ],
+    )
+    result = outputs.read(0)
+
+    first, second, third = result.logprobs
+    assert second is None
+    assert first[0].chosen.token_id == 4 and len(first[0].alternatives) == 20
+    assert [a.token_id for a in third[0].alternatives] == [3]
+    expected = torch.log_softmax(logits[:, :VOCAB].double(), dim=-1)
+    assert abs(first[0].chosen.logprob - expected[0, 4].item()) < 1e-5
+    assert abs(third[0].alternatives[0].logprob - expected[2, 3].item()) < 1e-5
+
+
+def test_a_frame_without_requesting_lanes_returns_no_payload(backend):
+    outputs = CompletionOutputs(geometry(), torch.device("cpu"), backend)
+    outputs.upload(1, [lane(0, None)])
+    outputs.commit(1, [CompletionRecord(0, 1, Role.SAMPLE, (4,))])
+
+    assert outputs.read(1).logprobs == ()
