@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := test
 .DELETE_ON_ERROR:
-.PHONY: venv test lint serve bench clean distclean
+.PHONY: venv test test-fast lint serve bench clean distclean
 
 venv: $(STAMP)
 
@@ -32,9 +32,14 @@ $(STAMP): requirements.lock pyproject.toml
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/mypy
 
 test: lint
 	$(BIN)/pytest -n auto -m "not gpu"
+
+# The inner loop: the domain's unit tests, the layering and the contracts that need no model.
+test-fast: venv
+	$(BIN)/pytest -q -m "not gpu and not model and not slow and not e2e" tests/unit tests/architecture tests/contract
 
 serve: venv
 	$(BIN)/helios serve --host $(HOST) --port $(PORT) $(ARGS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from domain.commit import commit_round
 from domain.logprobs import (
@@ -19,6 +20,10 @@ from domain.logprobs import (
 from domain.prompt_scores import PromptScore
 from domain.records import CompletionRecord, Role
 from domain.step import ExecutorGeometry, FrameResult, SlotWork, StepPlan
+
+if TYPE_CHECKING:
+    from ports.executor import ModelExecutor
+    from ports.tokenizer import Tokenizer
 
 FAKE_VOCAB = 64
 FAKE_EOS = 0
@@ -91,7 +96,9 @@ class FakeExecutor:
         self.plans.append(plan)
         frame = self._next
         self._next ^= 1
-        records, payloads, scores = [], [], []
+        records: list[CompletionRecord] = []
+        payloads: list[tuple[PositionLogprobs, ...] | None] = []
+        scores: list[tuple[PromptScore | None, ...]] = []
         for work in plan.works:
             context = self._feed(work, scores if plan.scored else None)
             if not work.sample:
@@ -202,3 +209,8 @@ class FakeTokenizer:
         self, messages: Sequence[Mapping[str, object]], *, add_generation_prompt: bool = True
     ) -> str:
         return "".join(str(m["content"]) for m in messages)
+
+
+if TYPE_CHECKING:  # mypy holds the fakes to the ports they stand in for
+    _EXECUTOR: type[ModelExecutor] = FakeExecutor
+    _TOKENIZER: type[Tokenizer] = FakeTokenizer

@@ -81,7 +81,7 @@ class TorchExecutor:
         chunks = [SequenceChunk(w.token_ids, w.start_position, w.block_table) for w in plan.works]
         batch = ForwardBatch.build(chunks, self._geometry.block_size, self._device)
         hidden = self._model(batch, self._kv_cache)
-        if plan.scored:
+        if plan.scored and self._scores is not None:
             targets = [target for work in plan.works for target in work.prompt_targets]
             lanes = [len(work.token_ids) for work in plan.works]
             self._scores.score(frame, hidden, targets, lanes, self._model.compute_logits)

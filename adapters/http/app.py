@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import falcon.asgi
 
@@ -24,7 +25,7 @@ OPENAPI_PATH = Path(__file__).resolve().parents[2] / "contracts" / "openapi.yaml
 
 def create_app(holder: ModelHolder, settings: HttpSettings | None = None) -> falcon.asgi.App:
     settings = settings or HttpSettings()
-    middleware: list[object] = [holder]
+    middleware: list[Any] = [holder]
     if settings.api_key:
         middleware.append(ApiKeyMiddleware(settings.api_key))
     app = falcon.asgi.App(middleware=middleware)

@@ -69,14 +69,14 @@ class CompletionsResource:
         collected = await generation.collect(group, job)
         body = []
         for choice in collected.choices:
-            prompt = choice.index // job.n
-            scores = collected.prompt_scores[prompt]
+            prompt_index = choice.index // job.n
+            scores = collected.prompt_scores[prompt_index]
             body.append(
                 completion_choice(
                     choice,
                     prefix=_echo_prefix(job, choice.index),
                     logprobs=view.choice(choice.index, choice.logprobs, scores),
-                    prompt_logprobs=view.prompt_logprobs(prompt, scores),
+                    prompt_logprobs=view.prompt_logprobs(prompt_index, scores),
                 )
             )
         resp.media = completion_response(header, body, collected.usage)
@@ -119,7 +119,7 @@ class _LogprobView:
             self._echoed[prompt] = echo_logprobs(
                 token_ids,
                 scores,
-                self._job.logprobs.top_k,
+                self._job.logprob_ask.count or 0,
                 self._rendering,
                 prompt_offsets(token_ids, self._tokenizer, text),
             )

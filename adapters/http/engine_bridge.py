@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 from domain.channel import OutputChannel
 from domain.engine_request import EngineRequest
-from domain.outputs import ChoiceDelta, RequestEnd
+from domain.outputs import ChoiceDelta, PromptScores, RequestEnd
 from ports.engine_client import EngineClient
 
 
@@ -29,7 +29,7 @@ class RequestGroup:
         self._capacity = capacity
         self._ended: set[int] = set()
 
-    async def items(self) -> AsyncIterator[tuple[int, ChoiceDelta | RequestEnd]]:
+    async def items(self) -> AsyncIterator[tuple[int, ChoiceDelta | PromptScores | RequestEnd]]:
         """Yields (prompt index, item) until every request has ended."""
         loop = asyncio.get_running_loop()
         ready = asyncio.Event()

@@ -47,7 +47,7 @@ async def handle_http_error(
 ) -> None:
     message = error.description or error.title or "request failed"
     _render(resp, _HttpError(error.status_code, message))
-    for name, value in (error.headers or {}).items():
+    for name, value in dict(error.headers or {}).items():
         resp.set_header(name, value)
 
 

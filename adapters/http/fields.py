@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, overload
 
 from domain.errors import InvalidRequestError
 
@@ -32,6 +32,14 @@ def read_bool(body: dict, name: str, default: bool, *, within: str | None = None
     if not isinstance(value, bool):
         raise _fail(f"{within}.{name}" if within else name, "a boolean", within)
     return value
+
+
+@overload
+def read_int(body: dict, name: str, default: int) -> int: ...
+
+
+@overload
+def read_int(body: dict, name: str, default: None) -> int | None: ...
 
 
 def read_int(body: dict, name: str, default: int | None) -> int | None:

@@ -85,7 +85,7 @@ async def collect(group: RequestGroup, job: ApiRequest) -> Collected:
             completion_tokens += event.end.usage.completion_tokens
         elif event.scores is not None:
             scores[event.prompt].extend(event.scores.scores)
-        else:
+        elif event.delta is not None:
             choices[event.choice].add(event.delta)
     return Collected(choices, Usage(prompt_tokens, completion_tokens), scores)
 

@@ -154,8 +154,9 @@ def _completion_prompts(raw: Any, tokenizer: _Tokenizer) -> tuple[Prompt, ...]:
         if all(isinstance(item, str) for item in raw):
             return tuple(_text_prompt(item, tokenizer) for item in raw)
         batch = [as_int_list(item) for item in raw]
-        if all(batch):  # every item is a non-empty list of token IDs
-            return tuple(_token_prompt(token_ids, tokenizer) for token_ids in batch)
+        lists = [token_ids for token_ids in batch if token_ids]
+        if len(lists) == len(batch):  # every item is a non-empty list of token IDs
+            return tuple(_token_prompt(token_ids, tokenizer) for token_ids in lists)
     raise InvalidRequestError(
         "`prompt` must be a non-empty string, a list of strings, a list of token IDs or a list "
         "of token ID lists",

@@ -46,9 +46,9 @@ async def stream_chunks(
             if event.scores is not None:
                 on_scores(event.prompt, event.scores)
                 continue
-            if event.end is not None:
-                continue
             delta = event.delta
+            if delta is None:
+                continue
             completion_tokens += len(delta.token_ids)
             text = delta.text
             if event.choice not in started:

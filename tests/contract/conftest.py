@@ -57,5 +57,15 @@ def secured_app(served_model: ServedModel) -> falcon.asgi.App:
     return create_app(holder, HttpSettings(api_key=API_KEY))
 
 
+# tryfirst: the marker must be on before `-m` deselects by it.
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Contract tests that load the tiny model are marked `model`, so `make test-fast` can
+    leave them to `make test`."""
+    for item in items:
+        if "served_model" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.model)
+
+
 def _keep_running() -> None:
     """The session fixture, not the app's lifespan, stops the shared model."""

@@ -27,7 +27,7 @@ GREEDY = SamplingParams(temperature=0.0)
 SAMPLED = SamplingParams(temperature=1.0, top_k=20)
 
 
-@pytest.fixture(scope="module", params=["fake", "torch"])
+@pytest.fixture(scope="module", params=["fake", pytest.param("torch", marks=pytest.mark.model)])
 def executor(request, tmp_path_factory) -> ModelExecutor:
     if request.param == "fake":
         geometry = ExecutorGeometry(

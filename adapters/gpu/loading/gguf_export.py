@@ -314,7 +314,7 @@ def _write_safetensors(path: Path, reader: Any, plans: list[_Plan], *, progress:
             weight = _dequantize(by_name[plan.gguf_name], plan.shape)
             if plan.unpermute_heads is not None:
                 weight = unpermute_rope_rows(weight, plan.unpermute_heads)
-            sink.write(memoryview(weight.astype("<f4", copy=False)).cast("B"))
+            sink.write(weight.astype("<f4", copy=False).data.cast("B"))
 
 
 def _write_json(path: Path, payload: dict[str, Any]) -> None:

@@ -6,12 +6,13 @@ import json
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from pathlib import Path
+from typing import cast
 
 import torch
 from safetensors import safe_open
 
 from adapters.gpu.model.config import ModelConfig
-from adapters.gpu.model.decoder import DecoderModel
+from adapters.gpu.model.decoder import DecoderLayer, DecoderModel
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -24,11 +25,6 @@ class MissingTensorError(KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "missing tensor"
-
-
-def default_dtype(device: torch.device | str) -> torch.dtype:
-    """float32 on CPU (exact comparisons, no slow bf16 CPU kernels); bfloat16 on accelerators."""
-    return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
 
 
 def load_model(
@@ -81,7 +77,8 @@ def build_model(
         fill(model.norm_weight, ["model.norm.weight"])
         if not config.tie_word_embeddings:
             fill(model.lm_head_weight, ["lm_head.weight"])
-        for index, layer in enumerate(model.layers):
+        for index, module in enumerate(model.layers):
+            layer = cast(DecoderLayer, module)
             prefix = f"model.layers.{index}."
             attention = prefix + "self_attn."
             mlp = prefix + "mlp."

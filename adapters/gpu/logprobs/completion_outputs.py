@@ -8,9 +8,24 @@ import torch
 
 from adapters.gpu.logprobs.reducer import LogprobReducer, ReductionInputs
 from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer
-from domain.logprobs import FULL_POSITION_WORDS, MAX_SELECTED_IDS, unpack_position
+from domain.logprobs import (
+    FULL_POSITION_WORDS,
+    MAX_SELECTED_IDS,
+    PositionLogprobs,
+    unpack_position,
+)
 from domain.records import HEADER_WORDS, CompletionRecord
 from domain.step import ExecutorGeometry, FrameResult, SlotWork
+
+
+@dataclass(frozen=True, slots=True)
+class LogprobBuffers:
+    """The logprob part of the bundle; the ID inputs exist only in full cores."""
+
+    logprobs: torch.Tensor  # int32 [frame, slot, position, words]
+    requested: torch.Tensor  # int32 [capacity]
+    token_ids: torch.Tensor | None  # int32 [capacity, 128]
+    counts: torch.Tensor | None  # int32 [capacity]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,55 +58,76 @@ class CompletionOutputs:
         self._records = torch.zeros((2, capacity, HEADER_WORDS + tokens), dtype=torch.int64)
         self._lanes: list[tuple[int, ...]] = [(), ()]
         self._requests: list[_FrameRequests | None] = [None, None]
-        self.logprobs = self.requested = self.token_ids = self.counts = None
+        self.buffers: LogprobBuffers | None = None
         if self._top_k:
             words = FULL_POSITION_WORDS if geometry.selects_logprob_ids else 2 + 2 * self._top_k
-            self.logprobs = torch.zeros(
-                (2, capacity, tokens, words), dtype=torch.int32, device=device
-            )  # [frame, slot, position, words]
-            self.requested = torch.zeros(capacity, dtype=torch.int32, device=device)
-            if geometry.selects_logprob_ids:
-                self.token_ids = torch.zeros(
+            selects = geometry.selects_logprob_ids
+            self.buffers = LogprobBuffers(
+                logprobs=torch.zeros(
+                    (2, capacity, tokens, words), dtype=torch.int32, device=device
+                ),
+                requested=torch.zeros(capacity, dtype=torch.int32, device=device),
+                token_ids=torch.zeros(
                     (capacity, MAX_SELECTED_IDS), dtype=torch.int32, device=device
                 )
-                self.counts = torch.zeros(capacity, dtype=torch.int32, device=device)
+                if selects
+                else None,
+                counts=torch.zeros(capacity, dtype=torch.int32, device=device) if selects else None,
+            )
             self._reducer = _reducer(backend, geometry.vocab_size, self._top_k)
-            self._prepare()
+            self._prepare(self.buffers)
 
-    def _prepare(self) -> None:
+    @property
+    def logprobs(self) -> torch.Tensor | None:
+        return None if self.buffers is None else self.buffers.logprobs
+
+    @property
+    def requested(self) -> torch.Tensor | None:
+        return None if self.buffers is None else self.buffers.requested
+
+    @property
+    def token_ids(self) -> torch.Tensor | None:
+        return None if self.buffers is None else self.buffers.token_ids
+
+    @property
+    def counts(self) -> torch.Tensor | None:
+        return None if self.buffers is None else self.buffers.counts
+
+    def _prepare(self, buffers: LogprobBuffers) -> None:
         """Sizes the reducer's workspaces and runs it once on a scratch frame, so any kernel
         compilation happens at start-up (before capture), never while serving."""
         self._reducer.reserve(self._geometry.capacity, self._device)
         logits = torch.zeros(
             (1, self._geometry.vocab_size), dtype=torch.float32, device=self._device
         )
-        scratch = torch.zeros_like(self.logprobs[0])
-        requested = torch.zeros_like(self.requested)
+        scratch = torch.zeros_like(buffers.logprobs[0])
+        requested = torch.zeros_like(buffers.requested)
         requested[0] = 1
-        counts = None if self.counts is None else torch.zeros_like(self.counts)
+        counts = None if buffers.counts is None else torch.zeros_like(buffers.counts)
         zero = torch.zeros(1, dtype=torch.int64, device=self._device)
         inputs = ReductionInputs(
-            logits, zero, zero, zero, requested, counts, self.token_ids, scratch
+            logits, zero, zero, zero, requested, counts, buffers.token_ids, scratch
         )
         self._reducer.reduce(inputs)
 
     def upload(self, frame: int, sampling: list[SlotWork]) -> bool:
         """Writes this submission's flags, counts and ID prefixes; True if any lane requests."""
-        if self.requested is None:
+        buffers = self.buffers
+        if buffers is None:
             return False
-        requesting = [w for w in sampling if w.logprobs is not None]
+        requesting = [(w.slot, w.logprobs) for w in sampling if w.logprobs is not None]
         flags = [0] * self._geometry.capacity
         counts = [0] * self._geometry.capacity
-        for work in requesting:
-            flags[work.slot] = 1
-            if work.logprobs.token_ids:
-                counts[work.slot] = len(work.logprobs.token_ids)
-                ids = torch.tensor(work.logprobs.token_ids, dtype=torch.int32)
-                self.token_ids[work.slot, : len(ids)].copy_(ids)
-        self.requested.copy_(torch.tensor(flags, dtype=torch.int32))
-        if self.counts is not None:
-            self.counts.copy_(torch.tensor(counts, dtype=torch.int32))
-        pairs = {w.slot: (len(w.logprobs.token_ids) or self._top_k) for w in requesting}
+        for slot, options in requesting:
+            flags[slot] = 1
+            if options.token_ids and buffers.token_ids is not None:
+                counts[slot] = len(options.token_ids)
+                ids = torch.tensor(options.token_ids, dtype=torch.int32)
+                buffers.token_ids[slot, : len(ids)].copy_(ids)
+        buffers.requested.copy_(torch.tensor(flags, dtype=torch.int32))
+        if buffers.counts is not None:
+            buffers.counts.copy_(torch.tensor(counts, dtype=torch.int32))
+        pairs = {slot: (len(options.token_ids) or self._top_k) for slot, options in requesting}
         width = max(self._top_k, *pairs.values()) if requesting else 0
         self._requests[frame] = _FrameRequests(tuple(pairs), pairs, width) if requesting else None
         return bool(requesting)
@@ -100,6 +136,9 @@ class CompletionOutputs:
         self, frame: int, logits: torch.Tensor, sampling: list[SlotWork], chosen: torch.Tensor
     ) -> None:
         """Reports the sampled rows' logprobs from their raw logits into the frame."""
+        buffers = self.buffers
+        if buffers is None:
+            raise ValueError("this core has no logprob outputs")
         slots = torch.tensor([w.slot for w in sampling], dtype=torch.int64, device=self._device)
         positions = torch.zeros_like(slots)  # ordinary sampling emits position zero
         self._reducer.reduce(
@@ -108,10 +147,10 @@ class CompletionOutputs:
                 slots,
                 positions,
                 chosen,
-                self.requested,
-                self.counts,
-                self.token_ids,
-                self.logprobs[frame],
+                buffers.requested,
+                buffers.counts,
+                buffers.token_ids,
+                buffers.logprobs[frame],
             )
         )
 
@@ -132,22 +171,22 @@ class CompletionOutputs:
         rows = self._records[frame, list(lanes)].tolist() if lanes else []
         records = tuple(CompletionRecord.decode(words) for words in rows)
         self._lanes[frame], self._requests[frame] = (), None
-        if requests is None:
+        if requests is None or self.buffers is None:
             return FrameResult(frame, records)
         width = 2 + 2 * requests.width
         slots = list(requests.lanes)
         # One copy of the requesting lanes' halves: chosen pair plus W alternative pairs.
-        payload = self.logprobs[frame, slots, :, :width].cpu().tolist()
+        payload = self.buffers.logprobs[frame, slots, :, :width].cpu().tolist()
         by_slot = dict(zip(slots, payload, strict=True))
-        logprobs = []
+        logprobs: list[tuple[PositionLogprobs, ...] | None] = []
         for record in records:
-            rows = by_slot.get(record.slot)
-            if rows is None:
+            lane_words = by_slot.get(record.slot)
+            if lane_words is None:
                 logprobs.append(None)
                 continue
             pairs = requests.pairs[record.slot]
             logprobs.append(
-                tuple(unpack_position(rows[i], pairs) for i in range(len(record.tokens)))
+                tuple(unpack_position(lane_words[i], pairs) for i in range(len(record.tokens)))
             )
         return FrameResult(frame, records, tuple(logprobs))
 

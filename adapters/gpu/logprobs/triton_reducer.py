@@ -254,6 +254,12 @@ class TritonLogprobReducer:
 
     def reserve(self, capacity: int, device: torch.device | str) -> None:
         """Allocates the workspaces for up to `capacity` rows (before capture, for instance)."""
+        self._reserved(capacity, device)
+
+    def _reserved(
+        self, capacity: int, device: torch.device | str
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The workspaces, allocated first if they hold fewer rows or live elsewhere."""
         # A bare "cuda" names the current device; normalize so the comparison below is exact and
         # a graph captured over these workspaces never sees them reallocated.
         device = torch.empty(0, device=device).device
@@ -263,13 +269,14 @@ class TritonLogprobReducer:
             and workspace[2].shape[0] >= capacity
             and workspace[2].device == torch.device(device)
         ):
-            return
+            return workspace
         rows = max(capacity, 1)
         self._workspace = (
             torch.empty((rows, self.tiles, 2), dtype=torch.float32, device=device),
             torch.empty((rows, self.tiles, CANDIDATES_PER_TILE), dtype=torch.int64, device=device),
             torch.empty(rows, dtype=torch.float32, device=device),
         )
+        return self._workspace
 
     def reduce(self, inputs: ReductionInputs) -> None:
         """The reference's words, from the four launches (see `LogprobReducer`)."""
@@ -280,8 +287,7 @@ class TritonLogprobReducer:
             return
         if logits.stride(1) != 1:
             logits = logits.contiguous()
-        self.reserve(rows, logits.device)
-        stats, keys, lse = self._workspace
+        stats, keys, lse = self._reserved(rows, logits.device)
         has_ids = counts is not None
         counts = counts if has_ids else requested  # never read without HAS_IDS
         token_ids = token_ids if has_ids else requested

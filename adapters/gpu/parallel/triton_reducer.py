@@ -46,6 +46,10 @@ class TritonVocabParallelLogprobReducer:
     def reserve(self, capacity: int, device: torch.device | str) -> None:
         """Allocates the workspaces and exchange buffers for up to `capacity` rows, and registers
         the custom ops, so that nothing is allocated or registered while a graph is captured."""
+        self._reserved(capacity, device)
+
+    def _reserved(self, capacity: int, device: torch.device | str) -> dict[str, torch.Tensor]:
+        """The workspaces, allocated first if they hold fewer rows or live elsewhere."""
         vocab_parallel_operators()
         device = torch.empty(0, device=device).device
         workspace = self._workspace
@@ -54,7 +58,7 @@ class TritonVocabParallelLogprobReducer:
             and workspace["lse"].shape[0] >= capacity
             and workspace["lse"].device == device
         ):
-            return
+            return workspace
         rows = max(capacity, 1)
         peer_words = rows * EXCHANGE_WORDS
         # Where each global tile's pair lies in the gathered words, in global tile order.
@@ -77,6 +81,7 @@ class TritonVocabParallelLogprobReducer:
             "tile_words": torch.tensor(tile_words, dtype=torch.int64, device=device),
             "stops": torch.tensor(self.shard.stops, dtype=torch.int64, device=device),
         }
+        return self._workspace
 
     def reduce(self, inputs: ReductionInputs) -> None:
         """Same contract as VocabParallelLogprobReducer.reduce; both exchanges carry all rows."""
@@ -89,8 +94,7 @@ class TritonVocabParallelLogprobReducer:
         shard.check_group(self.group, "reducer")
         if logits_shard.stride(1) != 1:
             logits_shard = logits_shard.contiguous()
-        self.reserve(rows, logits_shard.device)
-        space = self._workspace
+        space = self._reserved(rows, logits_shard.device)
         operators = vocab_parallel_operators()
         width = shard.width
         send, received = space["send"], space["received"]

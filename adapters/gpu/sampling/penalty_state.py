@@ -18,31 +18,35 @@ class PenaltyState:
         self._capacity = capacity
         self._vocab_size = vocab_size
         self._device = device
-        self.output_counts: torch.Tensor | None = None  # int32 [capacity, V]
-        self.prompt_mask: torch.Tensor | None = None  # bool [capacity, V]
+        # (output counts int32 [capacity, V], prompt mask bool [capacity, V]) once allocated.
+        self._tables: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def observe(self, work: SlotWork) -> None:
         """Records the tokens a lane feeds this step, if its request uses penalties."""
         if not work.params.uses_penalties:
             return
-        if self.output_counts is None:
+        if self._tables is None:
             shape = (self._capacity, self._vocab_size)
-            self.output_counts = torch.zeros(shape, dtype=torch.int32, device=self._device)
-            self.prompt_mask = torch.zeros(shape, dtype=torch.bool, device=self._device)
+            self._tables = (
+                torch.zeros(shape, dtype=torch.int32, device=self._device),
+                torch.zeros(shape, dtype=torch.bool, device=self._device),
+            )
+        output_counts, prompt_mask = self._tables
         if work.start_position == 0:
-            self.output_counts[work.slot].zero_()
-            self.prompt_mask[work.slot].zero_()
+            output_counts[work.slot].zero_()
+            prompt_mask[work.slot].zero_()
         prompt_part = max(0, min(work.prompt_len - work.start_position, len(work.token_ids)))
         if prompt_part:
             ids = torch.tensor(work.token_ids[:prompt_part], dtype=torch.int64, device=self._device)
-            self.prompt_mask[work.slot, ids] = True
+            prompt_mask[work.slot, ids] = True
         if prompt_part < len(work.token_ids):
             ids = torch.tensor(work.token_ids[prompt_part:], dtype=torch.int64, device=self._device)
             ones = torch.ones_like(ids, dtype=torch.int32)
-            self.output_counts[work.slot].index_add_(0, ids, ones)
+            output_counts[work.slot].index_add_(0, ids, ones)
 
     def rows(self, slots: list[int]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        if self.output_counts is None:
+        if self._tables is None:
             return None, None
         index = torch.tensor(slots, dtype=torch.int64, device=self._device)
-        return self.output_counts[index], self.prompt_mask[index]
+        output_counts, prompt_mask = self._tables
+        return output_counts[index], prompt_mask[index]

@@ -94,7 +94,7 @@ class PromptScoreFrames:
             return ()
         rows = sum(lanes)
         host = self.prompt_logprobs[frame, :rows]
-        if self._host is not None:
+        if self._host is not None and self._produced is not None:
             self._produced[frame].synchronize()
             host = self._host[frame, :rows].copy_(host)
         words = host.tolist()
