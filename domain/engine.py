@@ -21,6 +21,7 @@ from domain.prompt_scores import new_prompt_scores
 from domain.records import CompletionRecord
 from domain.scheduler import Scheduler, SchedulerConfig
 from domain.sequence import Sequence
+from domain.speculation import SpeculativeConfig
 from domain.step import FrameResult
 
 if TYPE_CHECKING:  # the domain drives ports but never needs them at run time
@@ -39,6 +40,7 @@ class EngineConfig:
     max_waiting: int = 1024
     channel_capacity: int = 64
     max_logprobs: int = 20
+    speculative: SpeculativeConfig | None = None
 
 
 @dataclass(eq=False)
@@ -67,6 +69,8 @@ class Engine:
     ) -> None:
         self._config = config or EngineConfig()
         geometry = executor.geometry
+        if self._config.speculative is not None:
+            self._config.speculative.check_token_capacity(geometry.token_capacity)
         self._executor = executor
         self._tokenizer = tokenizer
         self.max_model_len = geometry.max_model_len
@@ -86,6 +90,7 @@ class Engine:
                 num_blocks=geometry.num_blocks,
                 max_model_len=geometry.max_model_len,
                 scored_token_limit=geometry.scored_token_limit,
+                speculative=self._config.speculative,
             )
         )
         self._requests: dict[str, _Request] = {}

@@ -11,6 +11,7 @@ from domain.prompt_scores import prompt_targets
 from domain.records import CompletionRecord
 from domain.sequence import Sequence, SequenceState
 from domain.slots import SlotTable
+from domain.speculation import NgramProposer, SpeculativeConfig, SpeculativeMethod
 from domain.step import SlotWork, StepPlan
 
 
@@ -25,6 +26,8 @@ class SchedulerConfig:
     max_model_len: int
     # Rows one scored prefill may hold (the largest scored capacity); 0: no scoring.
     scored_token_limit: int = 0
+    # Decode lanes verify proposals (history n-grams) when set.
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         if (
@@ -112,10 +115,11 @@ class Scheduler:
             chunk = min(sequence.num_tokens - sequence.num_computed, budget)
             if chunk < 1:
                 continue
-            if not self._reserve(sequence, chunk):
+            drafts = () if scored else self._drafts(sequence, chunk, budget)
+            if not self._reserve(sequence, chunk + len(drafts)):
                 break
-            works.append(self._work(sequence, chunk, scored))
-            budget -= chunk
+            works.append(self._work(sequence, chunk, scored, drafts))
+            budget -= chunk + len(drafts)
         while self._waiting and budget > 0 and self._slots.num_free:
             sequence = self._waiting[0]
             if sequence.needs_scoring != scored:
@@ -142,14 +146,40 @@ class Scheduler:
             sequence = self._by_slot.get(record.slot)
             if sequence is None or sequence.epoch != record.epoch or not sequence.in_flight:
                 continue
-            sequence.num_computed += sequence.in_flight
+            # Rejected drafts were fed, but their cache positions hold nothing valid.
+            rejected = record.drafts_offered - record.drafts_accepted
+            sequence.num_computed += sequence.in_flight - rejected
             sequence.in_flight = 0
             advanced.append((sequence, record, lane))
         return advanced
 
     def extend(self, sequence: Sequence, tokens: tuple[int, ...]) -> None:
-        """Appends a record's kept tokens to the sequence's outputs (the next step feeds them)."""
+        """Appends a record's kept tokens to the sequence's outputs (the next step feeds the
+        last of them; the accepted drafts before it are already in the cache)."""
         sequence.outputs.extend(tokens)
+        if sequence.proposer is not None:
+            sequence.proposer.extend(tokens)
+
+    def _drafts(self, sequence: Sequence, chunk: int, budget: int) -> tuple[int, ...]:
+        """History proposals for a decode lane: up to k tokens, within the token budget and one
+        short of the remaining output budget (a round also emits the target's own token).
+        None before `min_tokens` are out, whose bans a width-one round applies."""
+        speculative = self._config.speculative
+        decoding = chunk == 1 and sequence.num_computed + 1 == sequence.num_tokens
+        if speculative is None or speculative.method is not SpeculativeMethod.NGRAM:
+            return ()
+        if not decoding or len(sequence.outputs) < sequence.params.min_tokens:
+            return ()
+        limit = min(speculative.num_speculative_tokens, sequence.remaining - 1, budget - 1)
+        if limit < 1:
+            return ()
+        if sequence.proposer is None:
+            sequence.proposer = NgramProposer(
+                speculative.prompt_lookup_min,
+                speculative.prompt_lookup_max,
+                sequence.prompt + tuple(sequence.outputs),
+            )
+        return sequence.proposer.propose(limit)
 
     def finish(self, sequence: Sequence) -> None:
         """Ends a sequence wherever it is (never queued included) and frees its slot and blocks
@@ -198,21 +228,25 @@ class Scheduler:
             sequence.slot = None
         sequence.in_flight = 0
 
-    def _work(self, sequence: Sequence, chunk: int, scored: bool = False) -> SlotWork:
+    def _work(
+        self, sequence: Sequence, chunk: int, scored: bool = False, drafts: tuple[int, ...] = ()
+    ) -> SlotWork:
         start = sequence.num_computed
         end = start + chunk
         # A zero output budget (echo of a scored prompt) prefills without sampling.
         sample = end == sequence.num_tokens and sequence.remaining > 0
         if sequence.slot is None:
             raise ValueError(f"sequence {sequence.request_id} is planned without a slot")
-        sequence.in_flight = chunk
+        sequence.in_flight = chunk + len(drafts)
+        # With speculation on, every decode lane verifies: proposals, or a width-one round.
+        speculative = self._config.speculative is not None and sample and chunk == 1 and not scored
         banned = sequence.banned_until_min_tokens
         if len(sequence.outputs) >= sequence.params.min_tokens:
             banned = ()
         return SlotWork(
             slot=sequence.slot,
             epoch=sequence.epoch,
-            token_ids=sequence.tokens_between(start, end),
+            token_ids=sequence.tokens_between(start, end) + drafts,
             start_position=start,
             block_table=tuple(sequence.blocks),
             prompt_len=len(sequence.prompt),
@@ -224,6 +258,8 @@ class Scheduler:
             remaining=max(sequence.remaining, 1),
             logprobs=sequence.logprobs if sample else None,
             prompt_targets=_unscored_targets(sequence, start, chunk) if scored else (),
+            speculative=speculative,
+            drafts=drafts,
         )
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from domain.logprobs import LogprobOptions
 from domain.sampling import SamplingParams
+from domain.speculation import NgramProposer
 
 
 class SequenceState(enum.Enum):
@@ -45,6 +46,9 @@ class Sequence:
     # scores position r + 1) are published; preemption keeps the count, so nothing repeats.
     score_prompt: bool = False
     scored_rows: int = 0
+    # History proposals (speculative decoding with ngram), built at the first decode step and
+    # extended with every kept output token.
+    proposer: NgramProposer | None = None
 
     @property
     def needs_scoring(self) -> bool:

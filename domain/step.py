@@ -59,6 +59,11 @@ class SlotWork:
     When `sample` is set the commit emits one token, ends the request with STOP_TOKEN when it is in
     `stop_token_ids`, or with LENGTH when `remaining` reaches zero; `banned_token_ids` cannot be
     sampled (min_tokens).
+
+    A `speculative` lane goes through verification: its last fed tokens are `drafts` (none in a
+    width-one round), every fed token's row is a target row, and the commit emits the accepted
+    drafts and one more token (`domain.commit.commit_round` clips them), from position
+    `first_emitted_position` on.
     """
 
     slot: int
@@ -76,10 +81,20 @@ class SlotWork:
     logprobs: LogprobOptions | None = None
     # Scored prefill only: per fed token, the prompt token its row scores, or -1 for no score.
     prompt_targets: tuple[int, ...] = ()
+    speculative: bool = False
+    drafts: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.token_ids:
             raise ValueError("a lane must feed at least one token")
+        if self.speculative and not self.sample:
+            raise ValueError("a speculative lane verifies, so it samples")
+        if self.drafts and (
+            not self.speculative
+            or self.token_ids[len(self.token_ids) - len(self.drafts) :] != self.drafts
+            or len(self.drafts) >= len(self.token_ids)
+        ):
+            raise ValueError("drafts are the last fed tokens of a speculative lane, after one more")
         if self.prompt_targets and len(self.prompt_targets) != len(self.token_ids):
             raise ValueError(
                 f"{len(self.prompt_targets)} prompt targets for {len(self.token_ids)} tokens"
@@ -92,6 +107,11 @@ class SlotWork:
     @property
     def end_position(self) -> int:
         return self.start_position + len(self.token_ids)
+
+    @property
+    def first_emitted_position(self) -> int:
+        """Where the first token this lane emits goes: after the last fed non-draft token."""
+        return self.end_position - len(self.drafts)
 
 
 @dataclass(frozen=True, slots=True)

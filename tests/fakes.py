@@ -105,20 +105,22 @@ class FakeExecutor:
                 records.append(CompletionRecord(work.slot, work.epoch, Role.PROMPT))
                 payloads.append(None)
                 continue
-            token_id = self._sample(work, context)
-            emitted, finish = commit_round(work, (token_id,))
-            records.append(
-                CompletionRecord(
-                    work.slot,
-                    work.epoch,
-                    Role.SAMPLE,
-                    emitted,
-                    work.end_position,
-                    finish=finish,
-                    generated_total=work.end_position - work.prompt_len + 1,
+            if work.speculative:
+                records.append(self._verify(work, context))
+            else:
+                emitted, finish = commit_round(work, (self._sample(work, context),))
+                records.append(
+                    CompletionRecord(
+                        work.slot,
+                        work.epoch,
+                        Role.SAMPLE,
+                        emitted,
+                        work.end_position,
+                        finish=finish,
+                        generated_total=work.end_position - work.prompt_len + 1,
+                    )
                 )
-            )
-            payloads.append(self._payload(work, context, emitted))
+            payloads.append(self._payload(work, context, records[-1]))
         self._check_blocks(plan)
         requesting = any(payload is not None for payload in payloads)
         self._frames[frame] = FrameResult(
@@ -153,27 +155,61 @@ class FakeExecutor:
         self._tables[work.slot] = work.block_table
         return context
 
-    def _sample(self, work: SlotWork, context: list[int]) -> int:
+    def _sample(self, work: SlotWork, context: Sequence[int]) -> int:
+        """The fake model's (greedy) choice after `context`."""
         token_id = next_token(context, self.geometry.vocab_size)
-        generated = work.end_position - work.prompt_len + 1
+        generated = len(context) - work.prompt_len + 1
         if self._eos_after is not None and generated > self._eos_after:
             token_id = FAKE_EOS
         if token_id in work.banned_token_ids:
             token_id = 1 + token_id % (self.geometry.vocab_size - 1)
         return token_id
 
+    def _verify(self, work: SlotWork, context: list[int]) -> CompletionRecord:
+        """Greedy verification: drafts stand while they equal the model's choice; the first
+        mismatch emits the model's token, and a fully accepted run one more (the bonus)."""
+        cached = len(context) - len(work.drafts)
+        sampled: list[int] = []
+        for draft in work.drafts:
+            token_id = self._sample(work, context[: cached + len(sampled)])
+            sampled.append(token_id)
+            if token_id != draft:
+                break
+        else:
+            sampled.append(self._sample(work, context[: cached + len(sampled)]))
+        accepted = len(sampled) - 1
+        # Rejected drafts were fed, but a real cache's positions for them hold nothing valid.
+        del context[cached + accepted :]
+        emitted, finish = commit_round(work, sampled)
+        return CompletionRecord(
+            work.slot,
+            work.epoch,
+            Role.SPECULATIVE,
+            emitted,
+            work.first_emitted_position,
+            finish=finish,
+            drafts_offered=len(work.drafts),
+            drafts_accepted=accepted,
+            generated_total=work.first_emitted_position - work.prompt_len + len(emitted),
+        )
+
     def _payload(
-        self, work: SlotWork, context: list[int], emitted: tuple[int, ...]
+        self, work: SlotWork, context: list[int], record: CompletionRecord
     ) -> tuple[PositionLogprobs, ...] | None:
+        """Each emitted token's position, scored after the tokens before it."""
         if work.logprobs is None or not self.geometry.logprob_top_k:
             return None
         geometry = self.geometry
-        return tuple(
-            fake_position(
-                context, token_id, work.logprobs, geometry.logprob_top_k, geometry.vocab_size
+        before = list(context[: record.first_position])
+        positions = []
+        for token_id in record.tokens:
+            positions.append(
+                fake_position(
+                    before, token_id, work.logprobs, geometry.logprob_top_k, geometry.vocab_size
+                )
             )
-            for token_id in emitted
-        )
+            before.append(token_id)
+        return tuple(positions)
 
     def _check_blocks(self, plan: StepPlan) -> None:
         live = {work.slot for work in plan.works}

@@ -133,20 +133,31 @@ class CompletionOutputs:
         return bool(requesting)
 
     def reduce(
-        self, frame: int, logits: torch.Tensor, sampling: list[SlotWork], chosen: torch.Tensor
+        self,
+        frame: int,
+        logits: torch.Tensor,
+        rows: list[int],
+        slots: list[int],
+        positions: list[int],
+        chosen: list[int],
     ) -> None:
-        """Reports the sampled rows' logprobs from their raw logits into the frame."""
+        """Reports emitted positions into the frame: row `rows[i]` of the raw `logits` is
+        position `positions[i]` (among its record's emitted tokens) of slot `slots[i]`, which
+        emitted `chosen[i]` there. Slots that did not request logprobs are skipped."""
         buffers = self.buffers
         if buffers is None:
             raise ValueError("this core has no logprob outputs")
-        slots = torch.tensor([w.slot for w in sampling], dtype=torch.int64, device=self._device)
-        positions = torch.zeros_like(slots)  # ordinary sampling emits position zero
+        device = self._device
+
+        def longs(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=device)
+
         self._reducer.reduce(
             ReductionInputs(
-                logits,
-                slots,
-                positions,
-                chosen,
+                logits.index_select(0, longs(rows)),
+                longs(slots),
+                longs(positions),
+                longs(chosen),
                 buffers.requested,
                 buffers.counts,
                 buffers.token_ids,

@@ -22,7 +22,8 @@ class PenaltyState:
         self._tables: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def observe(self, work: SlotWork) -> None:
-        """Records the tokens a lane feeds this step, if its request uses penalties."""
+        """Records the tokens a lane feeds this step, if its request uses penalties; drafts
+        count only once accepted (`accept`)."""
         if not work.params.uses_penalties:
             return
         if self._tables is None:
@@ -35,14 +36,23 @@ class PenaltyState:
         if work.start_position == 0:
             output_counts[work.slot].zero_()
             prompt_mask[work.slot].zero_()
-        prompt_part = max(0, min(work.prompt_len - work.start_position, len(work.token_ids)))
+        fed = work.token_ids[: len(work.token_ids) - len(work.drafts)]
+        prompt_part = max(0, min(work.prompt_len - work.start_position, len(fed)))
         if prompt_part:
-            ids = torch.tensor(work.token_ids[:prompt_part], dtype=torch.int64, device=self._device)
+            ids = torch.tensor(fed[:prompt_part], dtype=torch.int64, device=self._device)
             prompt_mask[work.slot, ids] = True
-        if prompt_part < len(work.token_ids):
-            ids = torch.tensor(work.token_ids[prompt_part:], dtype=torch.int64, device=self._device)
-            ones = torch.ones_like(ids, dtype=torch.int32)
-            output_counts[work.slot].index_add_(0, ids, ones)
+        self._count(work.slot, fed[prompt_part:])
+
+    def accept(self, work: SlotWork, accepted: tuple[int, ...]) -> None:
+        """Counts a round's accepted drafts: they are in the cache and never fed again."""
+        if work.params.uses_penalties:
+            self._count(work.slot, accepted)
+
+    def _count(self, slot: int, generated: tuple[int, ...]) -> None:
+        if self._tables is None or not generated:
+            return
+        ids = torch.tensor(generated, dtype=torch.int64, device=self._device)
+        self._tables[0][slot].index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
 
     def rows(self, slots: list[int]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if self._tables is None:

@@ -53,12 +53,16 @@ def philox4x32_10(
     return tuple(w.expand(shape) for w in (c0, c1, c2, c3))  # type: ignore[return-value]
 
 
-def philox_uniform(seeds: Tensor, counters: Tensor, width: int) -> Tensor:
-    """Uniform float32 noise in (0, 1), [R, width], a pure function of each row's seed and counter.
+def philox_uniform(
+    seeds: Tensor, counters: Tensor, width: int, streams: Tensor | int = 0
+) -> Tensor:
+    """Uniform float32 noise in (0, 1), [R, width], a pure function of each row's seed, counter
+    and stream.
 
     Column v of row r is word v % 4 of Philox4x32-10 with key = (low, high) 32-bit words of
-    seeds[r] and counter = (low, high words of counters[r], v // 4, 0); so a row's noise never
-    depends on the other rows of the batch.
+    seeds[r] and counter = (low, high words of counters[r], v // 4, streams[r]); so a row's
+    noise never depends on the other rows of the batch, and draws made for different purposes
+    at one position (`streams`, an int or an int64 [R]) never share noise.
     """
     if seeds.dim() != 1 or counters.shape != seeds.shape:
         raise ValueError("seeds and counters must be 1-D tensors of the same length")
@@ -69,9 +73,11 @@ def philox_uniform(seeds: Tensor, counters: Tensor, width: int) -> Tensor:
     blocks = -(-width // _WORDS_PER_BLOCK)
     seeds = seeds.unsqueeze(1)
     counters = counters.unsqueeze(1)
+    if isinstance(streams, Tensor):
+        streams = streams.unsqueeze(1)
     block_index = torch.arange(blocks, dtype=torch.int64, device=seeds.device).unsqueeze(0)
     words = philox4x32_10(
-        (counters & _MASK32, (counters >> 32) & _MASK32, block_index, 0),
+        (counters & _MASK32, (counters >> 32) & _MASK32, block_index, streams),
         (seeds & _MASK32, (seeds >> 32) & _MASK32),
     )
     bits = torch.stack(words, dim=-1).reshape(seeds.shape[0], blocks * _WORDS_PER_BLOCK)

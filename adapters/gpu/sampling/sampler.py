@@ -12,6 +12,12 @@ from adapters.gpu.sampling.philox import philox_uniform
 
 # Temperatures this small would overflow float32 logits; such rows are sampled greedily (as vLLM).
 GREEDY_TEMPERATURE_BELOW = 1e-5
+# Philox streams: the last counter word names what a draw is for, so the draws made at one
+# position (the plain draw, a draft's acceptance test, the draw after a rejection) never share
+# noise, and a round without drafts draws exactly what plain decoding draws.
+SAMPLE_STREAM = 0
+ACCEPT_STREAM = 1
+RESIDUAL_STREAM = 2
 
 _ROW_FIELDS = (
     ("temperature", torch.float32),
@@ -186,6 +192,18 @@ class Sampler:
 
     def sample(self, logits: Tensor, tensors: SamplingTensors) -> Tensor:
         """Chosen token ID per row, int64 [R]; greedy ties go to the lowest token ID."""
+        self._check(logits, tensors)
+        processed = edited_logits(logits, tensors) if _needs_edit(tensors) else logits
+        greedy_chosen = processed.argmax(dim=1)
+        if tensors.all_greedy:
+            return greedy_chosen
+        scores = filtered_logits(processed, tensors)
+        random_chosen = _gumbel_max(scores, tensors, SAMPLE_STREAM)
+        greedy = tensors.temperature < GREEDY_TEMPERATURE_BELOW
+        return torch.where(greedy, greedy_chosen, random_chosen)
+
+    @staticmethod
+    def _check(logits: Tensor, tensors: SamplingTensors) -> None:
         if logits.dim() != 2 or logits.shape[0] != tensors.rows:
             shape = tuple(logits.shape)
             raise ValueError(f"logits shape {shape} does not match {tensors.rows} rows")
@@ -194,19 +212,49 @@ class Sampler:
         counts = tensors.output_counts
         if counts is not None and counts.shape[1] != logits.shape[1]:
             raise ValueError(f"output_counts vocab {counts.shape[1]} != logits {logits.shape[1]}")
-        needs_edit = (
-            tensors.any_penalties
-            or tensors.bias_rows.numel() > 0
-            or tensors.banned_rows.numel() > 0
-        )
-        processed = edited_logits(logits, tensors) if needs_edit else logits
+
+    def verify(
+        self, logits: Tensor, tensors: SamplingTensors, drafts: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Per target row: whether its draft stands (bool [R]) and the token the row emits when
+        it does not (int64 [R]).
+
+        `drafts` int64 [R] holds the draft proposed at each row's position, -1 for a row
+        without one (a bonus row, or a width-one round). Every transform applies as in
+        `sample`, on scratch. Greedy rows keep a draft equal to their argmax and emit the
+        argmax. Random rows keep draft d with probability p(d), p being the row's filtered
+        distribution (a history proposer's q is one-hot at d), and otherwise emit a draw from p
+        without d, renormalized; a row without a draft draws from p with plain sampling's noise,
+        so `verify` and `sample` agree on it.
+        """
+        self._check(logits, tensors)
+        processed = edited_logits(logits, tensors) if _needs_edit(tensors) else logits
         greedy_chosen = processed.argmax(dim=1)
+        has_draft = drafts >= 0
+        greedy_keeps = has_draft & (greedy_chosen == drafts)
         if tensors.all_greedy:
-            return greedy_chosen
+            return greedy_keeps, greedy_chosen
+        safe = drafts.clamp(min=0).unsqueeze(1)
         scores = filtered_logits(processed, tensors)
-        # Gumbel-max: argmax(logit / T + Gumbel noise) is a draw from softmax(logit / T).
-        noise = philox_uniform(tensors.seeds, tensors.counters, logits.shape[1])
-        noise.log_().neg_().clamp_(min=torch.finfo(torch.float32).tiny).log_().neg_()
-        random_chosen = scores.add_(noise).argmax(dim=1)
+        p_draft = scores.softmax(dim=1).gather(1, safe).squeeze(1)
+        uniform = philox_uniform(tensors.seeds, tensors.counters, 1, ACCEPT_STREAM).squeeze(1)
+        random_keeps = has_draft & (uniform < p_draft)
+        residual = torch.where(has_draft.unsqueeze(1), scores.scatter(1, safe, -math.inf), scores)
+        streams = torch.where(has_draft, RESIDUAL_STREAM, SAMPLE_STREAM)
+        random_chosen = _gumbel_max(residual, tensors, streams)
         greedy = tensors.temperature < GREEDY_TEMPERATURE_BELOW
-        return torch.where(greedy, greedy_chosen, random_chosen)
+        return (
+            torch.where(greedy, greedy_keeps, random_keeps),
+            torch.where(greedy, greedy_chosen, random_chosen),
+        )
+
+
+def _needs_edit(tensors: SamplingTensors) -> bool:
+    return tensors.any_penalties or tensors.bias_rows.numel() > 0 or tensors.banned_rows.numel() > 0
+
+
+def _gumbel_max(scores: Tensor, tensors: SamplingTensors, streams: Tensor | int) -> Tensor:
+    """argmax(score + Gumbel noise), a draw from softmax(score); `scores` is overwritten."""
+    noise = philox_uniform(tensors.seeds, tensors.counters, scores.shape[1], streams)
+    noise.log_().neg_().clamp_(min=torch.finfo(torch.float32).tiny).log_().neg_()
+    return scores.add_(noise).argmax(dim=1)
