@@ -5,7 +5,9 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -19,9 +21,13 @@ from domain.records import CompletionRecord, Finish
 from domain.requests import GenerationRequest, fresh_seed
 from domain.scheduler import Scheduler, SchedulerConfig
 from domain.sequence import Sequence
+from domain.step import StepPlan
+from domain.step_stats import SchedulerState, UnobservedSteps
+from domain.step_tally import ChoiceTimeline, StepTally
 
 if TYPE_CHECKING:  # the domain drives ports but never needs them at run time
     from ports.executor import FrameResult, ModelExecutor
+    from ports.metrics import EngineObserver
     from ports.tokenizer import Tokenizer
 
 _log = logging.getLogger(__name__)
@@ -47,6 +53,8 @@ class _Request:
     # Choices held back until choice 0 has scored the prompt, so every choice's first output
     # comes after the whole prompt's scores.
     deferred: list[Sequence] = field(default_factory=list)
+    # One per choice, set once the request is admitted: where its latencies are measured from.
+    timelines: list[ChoiceTimeline] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -57,12 +65,25 @@ class _Request:
 
 
 class Engine:
-    """Drives one executor; `submit` and `abort` may come from any thread, `step` from one."""
+    """Drives one executor; `submit` and `abort` may come from any thread, `step` from one.
+
+    After every step that changed anything the observer gets one StepStats; `clock` (seconds,
+    monotonic) times the latencies in it.
+    """
 
     def __init__(
-        self, executor: ModelExecutor, tokenizer: Tokenizer, config: EngineConfig | None = None
+        self,
+        executor: ModelExecutor,
+        tokenizer: Tokenizer,
+        config: EngineConfig | None = None,
+        *,
+        observer: EngineObserver | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._config = config or EngineConfig()
+        self._observer = observer or UnobservedSteps()
+        self._clock = clock
+        self._tally = StepTally()
         geometry = executor.geometry
         self._executor = executor
         self._tokenizer = tokenizer
@@ -108,7 +129,7 @@ class Engine:
         with self._wake:
             if len(self._inbox) + self._scheduler.num_waiting >= self._config.max_waiting:
                 raise OverloadedError("the server is at its admission limit; retry later")
-            self._inbox.append(("submit", (request, channel)))
+            self._inbox.append(("submit", (request, channel, self._clock())))
             self._wake.notify()
         return channel
 
@@ -128,10 +149,17 @@ class Engine:
 
     def step(self) -> None:
         """Admits queued requests and runs one step of the model, if any lane can run."""
+        try:
+            self._step()
+        finally:
+            self._report()
+
+    def _step(self) -> None:
         self._drain_inbox()
         plan = self._scheduler.schedule()
         if plan is None:
             return
+        self._note_admissions(plan)
         try:
             result = self._executor.read(self._executor.submit(plan))
         except Exception as error:  # noqa: BLE001 - the step's requests fail, the engine goes on
@@ -140,6 +168,7 @@ class Engine:
             for entry in failed - {None}:
                 self._fail(entry, f"the model step failed: {error}")
             return
+        self._note_frame(result)
         for sequence, record, lane in self._scheduler.commit(result.records):
             entry = self._requests.get(sequence.request_id)
             if entry is None:
@@ -159,6 +188,40 @@ class Engine:
                     self._fail(entry, str(error))
                     continue
             self._emit(entry, sequence, record, positions)
+
+    def _note_admissions(self, plan: StepPlan) -> None:
+        """Queue times of choices scheduled for the first time (a chunk at position 0)."""
+        now = self._clock()
+        for work in plan.works:
+            if work.start_position:
+                continue
+            sequence = self._scheduler.sequence_in(work.slot)
+            entry = self._requests.get(sequence.request_id) if sequence is not None else None
+            if entry is not None and entry.timelines:
+                self._tally.scheduled(entry.timelines[sequence.index], now)
+
+    def _note_frame(self, result: FrameResult) -> None:
+        positions = sum(len(lane) for lane in result.logprobs if lane is not None)
+        rows = sum(1 for lane in result.prompt_scores for row in lane if row is not None)
+        self._tally.frame_read(positions, result.payload_bytes, rows)
+
+    def _report(self) -> None:
+        """Hands the tally to the observer; a failing observer never stops the engine."""
+        scheduler = self._scheduler
+        state = SchedulerState(
+            scheduler.num_running, scheduler.num_waiting, scheduler.kv_cache_usage
+        )
+        stats = self._tally.flush(state, scheduler.num_preemptions)
+        if stats is None:
+            return
+        try:
+            self._observer.record_step(stats)
+        except Exception:  # noqa: BLE001 - metrics are never worth a request
+            _log.exception("the engine observer failed")
+
+    def _finished(self, entry: _Request, index: int, reason: str) -> None:
+        if entry.timelines:
+            self._tally.finished(entry.timelines[index], reason, self._clock())
 
     def _publish_scores(
         self,
@@ -192,6 +255,7 @@ class Engine:
                 continue
             self._scheduler.finish(sequence)
             entry.channel.put(entry.choices[sequence.index].advance((), Finish.LENGTH))
+            self._finished(entry, sequence.index, "length")
         if deferred and entry.done:
             self._close(entry)
 
@@ -210,6 +274,9 @@ class Engine:
     ) -> None:
         choice = entry.choices[sequence.index]
         tokens = record.tokens
+        if entry.timelines:
+            timeline = entry.timelines[sequence.index]
+            self._tally.output(timeline, self._clock(), len(tokens), len(sequence.prompt))
         finish = record.finish if tokens else Finish.LENGTH
         try:
             delta = choice.advance(tokens, finish, positions)
@@ -221,6 +288,7 @@ class Engine:
             del sequence.outputs[len(sequence.outputs) - len(tokens) + len(delta.token_ids) :]
         if delta.finished:
             self._scheduler.finish(sequence)
+            self._finished(entry, sequence.index, delta.finish_reason)
         if delta.text or delta.token_ids or delta.finished or delta.logprobs:
             entry.channel.put(delta)
         if entry.done:
@@ -232,7 +300,9 @@ class Engine:
             self._inbox.clear()
         for kind, payload in messages:
             if kind == "submit":
-                self._admit(*payload)
+                request, channel, arrived = payload
+                self._admit(request, channel)
+                self._start_timelines(request, arrived)
             else:
                 self._abort(payload)
 
@@ -282,6 +352,11 @@ class Engine:
         for sequence in sequences:
             self._scheduler.add(sequence)
 
+    def _start_timelines(self, request: GenerationRequest, arrived: float) -> None:
+        entry = self._requests.get(request.request_id)
+        if entry is not None and entry.request is request:
+            entry.timelines = [ChoiceTimeline(arrived) for _ in entry.choices]
+
     def _abort(self, request_id: str) -> None:
         entry = self._requests.get(request_id)
         if entry is None:
@@ -291,6 +366,7 @@ class Engine:
             if not choice.finished:
                 self._scheduler.finish(sequence)
                 entry.channel.put(choice.abort("abort"))
+                self._finished(entry, sequence.index, "abort")
         self._close(entry)
 
     def _fail(self, entry: _Request, message: str) -> None:
@@ -299,6 +375,7 @@ class Engine:
             if not choice.finished:
                 self._scheduler.finish(sequence)
                 choice.abort("error")
+                self._finished(entry, sequence.index, "error")
         self._close(entry, error=message)
 
     def _close(self, entry: _Request, *, error: str | None = None) -> None:

@@ -1,15 +1,22 @@
-"""Fakes of our own ports for unit tests: a deterministic executor and a tiny byte tokenizer."""
+"""Fakes of our own ports for unit tests: a deterministic executor, a tiny byte tokenizer, a
+recording engine observer and a clock that moves only when told."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from domain.logprobs import NO_TOKEN, PositionLogprobs, TokenLogprob
+from domain.prompt_scores import PromptScore
 from domain.records import CompletionRecord, Finish, Role
-from domain.step import ExecutorGeometry, StepPlan
+from domain.step import ExecutorGeometry, SlotWork, StepPlan
+from domain.step_stats import SchedulerState, StepStats
 from ports.executor import FrameResult
 
 FAKE_VOCAB = 64
 FAKE_EOS = 0
+# What the fake says its reads copied: a made-up size per position and per scored row.
+FAKE_POSITION_BYTES = 100
+FAKE_PROMPT_ROW_BYTES = 10
 
 
 def next_token(context: Sequence[int], vocab_size: int = FAKE_VOCAB) -> int:
@@ -24,14 +31,19 @@ class FakeExecutor:
     """Implements ModelExecutor: remembers fed tokens per slot, commits records like the real one.
 
     It checks what a real cache would need: chunks arrive in position order per slot, and no KV
-    block is used by two live slots at once.
+    block is used by two live slots at once. With `logprobs`, requesting lanes get a position per
+    emitted token (the chosen token at -1.0); scored lanes always get a score per targeted row.
+    Reads report FAKE_POSITION_BYTES and FAKE_PROMPT_ROW_BYTES of payload for each.
     """
 
-    def __init__(self, geometry: ExecutorGeometry, *, eos_after: int | None = None) -> None:
+    def __init__(
+        self, geometry: ExecutorGeometry, *, eos_after: int | None = None, logprobs: bool = False
+    ) -> None:
         self.geometry = geometry
+        self._logprobs = logprobs
         self._contexts: dict[int, list[int]] = {}
         self._tables: dict[int, tuple[int, ...]] = {}
-        self._frames: list[tuple[CompletionRecord, ...]] = [(), ()]
+        self._frames: list[FrameResult] = [FrameResult(0, ()), FrameResult(1, ())]
         self._next = 0
         self._eos_after = eos_after
         self.plans: list[StepPlan] = []
@@ -50,7 +62,11 @@ class FakeExecutor:
             context.extend(work.token_ids)
             self._tables[work.slot] = work.block_table
             if not work.sample:
-                records.append(CompletionRecord(work.slot, work.epoch, Role.PROMPT))
+                records.append(
+                    CompletionRecord(
+                        work.slot, work.epoch, Role.PROMPT, first_position=work.end_position
+                    )
+                )
                 continue
             token_id = next_token(context, self.geometry.vocab_size)
             generated = work.end_position - work.prompt_len + 1
@@ -76,11 +92,11 @@ class FakeExecutor:
         self._check_blocks(plan)
         frame = self._next
         self._next ^= 1
-        self._frames[frame] = tuple(records)
+        self._frames[frame] = _frame_result(frame, plan, tuple(records), self._logprobs)
         return frame
 
     def read(self, frame: int) -> FrameResult:
-        return FrameResult(frame, self._frames[frame])
+        return self._frames[frame]
 
     def _check_blocks(self, plan: StepPlan) -> None:
         live = {work.slot for work in plan.works}
@@ -90,6 +106,69 @@ class FakeExecutor:
                 if block in seen and seen[block] != slot:
                     raise AssertionError(f"block {block} used by slots {seen[block]} and {slot}")
                 seen[block] = slot
+
+
+def _frame_result(
+    frame: int, plan: StepPlan, records: tuple[CompletionRecord, ...], with_logprobs: bool
+) -> FrameResult:
+    logprobs = tuple(
+        tuple(PositionLogprobs(TokenLogprob(t, -1.0)) for t in record.tokens)
+        if with_logprobs and work.logprobs is not None and work.sample
+        else None
+        for work, record in zip(plan.works, records, strict=True)
+    )
+    positions = sum(len(lane) for lane in logprobs if lane is not None)
+    scores = tuple(_scored_rows(work) for work in plan.works) if plan.scored else ()
+    rows = sum(len(lane) for lane in scores)
+    return FrameResult(
+        frame,
+        records,
+        logprobs if positions else (),
+        scores,
+        payload_bytes=positions * FAKE_POSITION_BYTES + rows * FAKE_PROMPT_ROW_BYTES,
+    )
+
+
+def _scored_rows(work: SlotWork) -> tuple[PromptScore | None, ...]:
+    return tuple(
+        None if target == NO_TOKEN else PromptScore(target, -0.5, 1)
+        for target in work.prompt_targets
+    )
+
+
+class RecordingObserver:
+    """Implements EngineObserver: keeps every StepStats it is given."""
+
+    def __init__(self) -> None:
+        self.steps: list[StepStats] = []
+
+    def record_step(self, stats: StepStats) -> None:
+        self.steps.append(stats)
+
+    def total(self, name: str) -> int:
+        """The sum of a count field over every step."""
+        return sum(getattr(step, name) for step in self.steps)
+
+    def observed(self, name: str) -> list:
+        """A tuple field's observations over every step, in order."""
+        return [value for step in self.steps for value in getattr(step, name)]
+
+    @property
+    def state(self) -> SchedulerState:
+        return self.steps[-1].state if self.steps else SchedulerState()
+
+
+class ManualClock:
+    """A monotonic clock in seconds that moves only when a test sets or advances it."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 class FakeTokenizer:

@@ -130,7 +130,8 @@ class CompletionOutputs:
         width = 2 + 2 * requests.width
         slots = list(requests.lanes)
         # One copy of the requesting lanes' halves: chosen pair plus W alternative pairs.
-        payload = self.logprobs[frame, slots, :, :width].cpu().tolist()
+        copied = self.logprobs[frame, slots, :, :width].cpu()
+        payload = copied.tolist()
         by_slot = dict(zip(slots, payload, strict=True))
         logprobs = []
         for record in records:
@@ -142,7 +143,9 @@ class CompletionOutputs:
             logprobs.append(
                 tuple(unpack_position(rows[i], pairs) for i in range(len(record.tokens)))
             )
-        return FrameResult(frame, records, tuple(logprobs))
+        return FrameResult(
+            frame, records, tuple(logprobs), payload_bytes=copied.numel() * copied.element_size()
+        )
 
 
 def _reducer(backend: str, vocab_size: int, top_k: int) -> ReferenceLogprobReducer:

@@ -13,6 +13,7 @@ from adapters.gpu.model import DecoderModel
 from adapters.gpu.penalty_state import PenaltyState
 from adapters.gpu.prompt_score_frames import PromptScoreFrames
 from adapters.gpu.sampler import Sampler, SamplingTensors
+from domain.prompt_scores import PROMPT_ROW_WORDS
 from domain.records import CompletionRecord, Finish, Role
 from domain.step import ExecutorGeometry, SlotWork, StepPlan
 from ports.executor import FrameResult
@@ -74,7 +75,14 @@ class TorchExecutor:
         result = self._outputs.read(frame)
         if self._scores is None:
             return result
-        return dataclasses.replace(result, prompt_scores=self._scores.read(frame))
+        scores = self._scores.read(frame)
+        # The scores read copies exactly the frame's fed rows, 43 int32 words each.
+        rows = sum(len(lane) for lane in scores)
+        return dataclasses.replace(
+            result,
+            prompt_scores=scores,
+            payload_bytes=result.payload_bytes + rows * PROMPT_ROW_WORDS * 4,
+        )
 
     @torch.inference_mode()
     def _forward(self, frame: int, plan: StepPlan) -> list[int]:
