@@ -5,7 +5,9 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -22,10 +24,13 @@ from domain.records import CompletionRecord
 from domain.scheduler import Scheduler, SchedulerConfig
 from domain.sequence import Sequence
 from domain.speculation import SpeculativeConfig
-from domain.step import FrameResult
+from domain.step import FrameResult, StepPlan
+from domain.step_stats import SchedulerState, UnobservedSteps
+from domain.step_tally import ChoiceTimeline, StepTally
 
 if TYPE_CHECKING:  # the domain drives ports but never needs them at run time
     from ports.executor import ModelExecutor
+    from ports.metrics import EngineObserver
     from ports.tokenizer import Tokenizer
 
 _log = logging.getLogger(__name__)
@@ -52,6 +57,8 @@ class _Request:
     # Choices held back until choice 0 has scored the prompt, so every choice's first output
     # comes after the whole prompt's scores.
     deferred: list[Sequence] = field(default_factory=list)
+    # One per choice, set once the request is admitted: where its latencies are measured from.
+    timelines: list[ChoiceTimeline] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -62,12 +69,25 @@ class _Request:
 
 
 class Engine:
-    """Drives one executor; `submit` and `abort` may come from any thread, `step` from one."""
+    """Drives one executor; `submit` and `abort` may come from any thread, `step` from one.
+
+    After every step that changed anything the observer gets one StepStats; `clock` (seconds,
+    monotonic) times the latencies in it.
+    """
 
     def __init__(
-        self, executor: ModelExecutor, tokenizer: Tokenizer, config: EngineConfig | None = None
+        self,
+        executor: ModelExecutor,
+        tokenizer: Tokenizer,
+        config: EngineConfig | None = None,
+        *,
+        observer: EngineObserver | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._config = config or EngineConfig()
+        self._observer = observer or UnobservedSteps()
+        self._clock = clock
+        self._tally = StepTally()
         geometry = executor.geometry
         if self._config.speculative is not None:
             self._config.speculative.check_token_capacity(geometry.token_capacity)
@@ -94,8 +114,8 @@ class Engine:
             )
         )
         self._requests: dict[str, _Request] = {}
-        # Submissions, and request IDs to abort, in arrival order.
-        self._inbox: deque[tuple[EngineRequest, OutputChannel] | str] = deque()
+        # Submissions (with their arrival times), and request IDs to abort, in arrival order.
+        self._inbox: deque[tuple[EngineRequest, OutputChannel, float] | str] = deque()
         self._wake = threading.Condition()
         self._arrivals = itertools.count()
 
@@ -128,8 +148,9 @@ class Engine:
             waiting = len(self._inbox) + self._scheduler.num_waiting
             if waiting + len(submissions) > self._config.max_waiting:
                 raise OverloadedError("the server is at its admission limit; retry later")
+            arrived = self._clock()
             for checked, channel in submissions:
-                self._inbox.append((checked.request, channel))
+                self._inbox.append((checked.request, channel, arrived))
             self._wake.notify()
 
     def abort(self, request_id: str) -> None:
@@ -148,10 +169,17 @@ class Engine:
 
     def step(self) -> None:
         """Admits queued requests and runs one step of the model, if any lane can run."""
+        try:
+            self._step()
+        finally:
+            self._report()
+
+    def _step(self) -> None:
         self._drain_inbox()
         plan = self._scheduler.schedule()
         if plan is None:
             return
+        self._note_admissions(plan)
         try:
             result = self._executor.read(self._executor.submit(plan))
         except Exception as error:  # noqa: BLE001 - the step's requests fail, the engine goes on
@@ -160,6 +188,7 @@ class Engine:
             for failed in {owner for owner in owners if owner is not None}:
                 self._fail(failed, f"the model step failed: {error}")
             return
+        self._note_frame(result)
         for sequence, record, lane in self._scheduler.commit(result.records):
             entry = self._requests.get(sequence.request_id)
             if entry is None:
@@ -170,7 +199,48 @@ class Engine:
                 self._emit(entry, sequence, record, result.lane_logprobs(lane))
             elif sequence.remaining < 1 and sequence.prefill_done:
                 # A prefill-only choice (echo with nothing to generate) ends with its prompt.
+                self._note_output(entry, sequence, 0)
                 self._deliver(entry, sequence, entry.choices[sequence.index].end())
+
+    def _note_admissions(self, plan: StepPlan) -> None:
+        """Queue times of choices scheduled for the first time (a chunk at position 0)."""
+        now = self._clock()
+        for work in plan.works:
+            if work.start_position:
+                continue
+            sequence = self._scheduler.sequence_in(work.slot)
+            entry = self._requests.get(sequence.request_id) if sequence is not None else None
+            if sequence is not None and entry is not None and entry.timelines:
+                self._tally.scheduled(entry.timelines[sequence.index], now)
+
+    def _note_frame(self, result: FrameResult) -> None:
+        positions = sum(len(lane) for lane in result.logprobs if lane is not None)
+        rows = sum(1 for lane in result.prompt_scores for row in lane if row is not None)
+        self._tally.frame_read(positions, result.payload_bytes, rows)
+
+    def _report(self) -> None:
+        """Hands the tally to the observer; a failing observer never stops the engine."""
+        scheduler = self._scheduler
+        state = SchedulerState(
+            scheduler.num_running, scheduler.num_waiting, scheduler.kv_cache_usage
+        )
+        stats = self._tally.flush(state, scheduler.num_preemptions)
+        if stats is None:
+            return
+        try:
+            self._observer.record_step(stats)
+        except Exception:  # noqa: BLE001 - metrics are never worth a request
+            _log.exception("the engine observer failed")
+
+    def _note_output(self, entry: _Request, sequence: Sequence, tokens: int) -> None:
+        """A choice's output (its first counts its prompt): token counts and latencies."""
+        if entry.timelines:
+            timeline = entry.timelines[sequence.index]
+            self._tally.output(timeline, self._clock(), tokens, len(sequence.prompt))
+
+    def _finished(self, entry: _Request, index: int, reason: str) -> None:
+        if entry.timelines:
+            self._tally.finished(entry.timelines[index], reason, self._clock())
 
     def _publish_scores(
         self,
@@ -204,6 +274,7 @@ class Engine:
                 continue
             self._scheduler.finish(sequence)
             entry.channel.put(entry.choices[sequence.index].end())
+            self._finished(entry, sequence.index, "length")
         if deferred and entry.done:
             self._close(entry)
 
@@ -222,6 +293,7 @@ class Engine:
     ) -> None:
         """Runs the record through the choice's emission machine; the kept tokens become the
         sequence's outputs."""
+        self._note_output(entry, sequence, len(record.tokens))
         try:
             delta = entry.choices[sequence.index].advance(record, payload)
         except LogprobDataError as error:
@@ -237,6 +309,7 @@ class Engine:
     def _deliver(self, entry: _Request, sequence: Sequence, delta: ChoiceDelta) -> None:
         if delta.finished:
             self._scheduler.finish(sequence)
+            self._finished(entry, sequence.index, delta.finish_reason or "stop")
         if delta.text or delta.token_ids or delta.finished or delta.logprobs:
             entry.channel.put(delta)
         if entry.done:
@@ -249,8 +322,10 @@ class Engine:
         for message in messages:
             if isinstance(message, str):
                 self._abort(message)
-            else:
-                self._admit(*message)
+                continue
+            request, channel, arrived = message
+            self._admit(request, channel)
+            self._start_timelines(request, arrived)
 
     def _admit(self, request: EngineRequest, channel: OutputChannel) -> None:
         if request.request_id in self._requests:
@@ -300,6 +375,11 @@ class Engine:
         for sequence in sequences:
             self._scheduler.add(sequence)
 
+    def _start_timelines(self, request: EngineRequest, arrived: float) -> None:
+        entry = self._requests.get(request.request_id)
+        if entry is not None and entry.request is request:
+            entry.timelines = [ChoiceTimeline(arrived) for _ in entry.choices]
+
     def _abort(self, request_id: str) -> None:
         entry = self._requests.get(request_id)
         if entry is None:
@@ -309,6 +389,7 @@ class Engine:
             if not choice.finished:
                 self._scheduler.finish(sequence)
                 entry.channel.put(choice.abort("abort"))
+                self._finished(entry, sequence.index, "abort")
         self._close(entry)
 
     def _fail(self, entry: _Request, message: str) -> None:
@@ -317,6 +398,7 @@ class Engine:
             if not choice.finished:
                 self._scheduler.finish(sequence)
                 choice.abort("error")
+                self._finished(entry, sequence.index, "error")
         self._close(entry, error=message)
 
     def _close(self, entry: _Request, *, error: str | None = None) -> None:

@@ -65,10 +65,15 @@ class Scheduler:
         self._running: list[Sequence] = []
         self._by_slot: dict[int, Sequence] = {}
         self._scored_turn = False
+        self._preemptions = 0
 
     @property
     def num_waiting(self) -> int:
         return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
 
     @property
     def num_free_blocks(self) -> int:
@@ -77,6 +82,21 @@ class Scheduler:
     @property
     def num_free_slots(self) -> int:
         return self._slots.num_free
+
+    @property
+    def num_preemptions(self) -> int:
+        """Preemptions since the scheduler started."""
+        return self._preemptions
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """The fraction of KV blocks held by sequences, 0 to 1."""
+        total = self._config.num_blocks
+        return (total - self._blocks.num_free) / total
+
+    def sequence_in(self, slot: int) -> Sequence | None:
+        """The sequence holding `slot`, if one does."""
+        return self._by_slot.get(slot)
 
     def has_work(self) -> bool:
         return bool(self._waiting or self._running)
@@ -217,6 +237,7 @@ class Scheduler:
         sequence.state = SequenceState.WAITING
         sequence.num_computed = 0
         sequence.num_preemptions += 1
+        self._preemptions += 1
         self._waiting.appendleft(sequence)
 
     def _release(self, sequence: Sequence) -> None:

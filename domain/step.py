@@ -145,12 +145,15 @@ class FrameResult:
     requested logprobs, else None; an empty tuple means no lane of the frame requested any.
     `prompt_scores[i]` holds a scored plan's lane i rows (one per fed token, None for a row
     without a target); empty for ordinary plans.
+    `payload_bytes` counts the logprob and prompt-score payload the read copied from the
+    device's frames to the host (0 when it copied none).
     """
 
     frame: int
     records: tuple[CompletionRecord, ...]
     logprobs: tuple[tuple[PositionLogprobs, ...] | None, ...] = ()
     prompt_scores: tuple[tuple[PromptScore | None, ...], ...] = ()
+    payload_bytes: int = 0
 
     def lane_logprobs(self, lane: int) -> tuple[PositionLogprobs, ...] | None:
         """Lane `lane`'s decoded positions, or None when the frame carries none for it."""

@@ -1,4 +1,5 @@
-"""Fakes of our own ports for unit tests: a deterministic executor and a tiny byte tokenizer."""
+"""Fakes of our own ports for unit tests: a deterministic executor, a tiny byte tokenizer, a
+recording engine observer and a clock that moves only when told."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from domain.logprobs import (
 from domain.prompt_scores import PromptScore
 from domain.records import CompletionRecord, Role
 from domain.step import ExecutorGeometry, FrameResult, SlotWork, StepPlan
+from domain.step_stats import SchedulerState, StepStats
 
 if TYPE_CHECKING:
     from ports.executor import ModelExecutor
@@ -27,6 +29,9 @@ if TYPE_CHECKING:
 
 FAKE_VOCAB = 64
 FAKE_EOS = 0
+# What the fake says its reads copied: a made-up size per position and per scored row.
+FAKE_POSITION_BYTES = 100
+FAKE_PROMPT_ROW_BYTES = 10
 
 
 def next_token(context: Sequence[int], vocab_size: int = FAKE_VOCAB) -> int:
@@ -80,7 +85,8 @@ class FakeExecutor:
 
     It checks what a real cache would need: chunks arrive in position order per slot, and no KV
     block is used by two live slots at once. `eos_after` makes every lane emit EOS once it has
-    generated that many tokens.
+    generated that many tokens. Reads report FAKE_POSITION_BYTES and FAKE_PROMPT_ROW_BYTES of
+    payload for each position and scored row they carry.
     """
 
     def __init__(self, geometry: ExecutorGeometry, *, eos_after: int | None = None) -> None:
@@ -102,7 +108,11 @@ class FakeExecutor:
         for work in plan.works:
             context = self._feed(work, scores if plan.scored else None)
             if not work.sample:
-                records.append(CompletionRecord(work.slot, work.epoch, Role.PROMPT))
+                records.append(
+                    CompletionRecord(
+                        work.slot, work.epoch, Role.PROMPT, first_position=work.end_position
+                    )
+                )
                 payloads.append(None)
                 continue
             if work.speculative:
@@ -122,9 +132,14 @@ class FakeExecutor:
                 )
             payloads.append(self._payload(work, context, records[-1]))
         self._check_blocks(plan)
-        requesting = any(payload is not None for payload in payloads)
+        positions = sum(len(payload) for payload in payloads if payload is not None)
+        rows = sum(len(lane) for lane in scores)  # every fed row is copied, scored or not
         self._frames[frame] = FrameResult(
-            frame, tuple(records), tuple(payloads) if requesting else (), tuple(scores)
+            frame,
+            tuple(records),
+            tuple(payloads) if any(p is not None for p in payloads) else (),
+            tuple(scores),
+            payload_bytes=positions * FAKE_POSITION_BYTES + rows * FAKE_PROMPT_ROW_BYTES,
         )
         return frame
 
@@ -245,6 +260,41 @@ class FakeTokenizer:
         self, messages: Sequence[Mapping[str, object]], *, add_generation_prompt: bool = True
     ) -> str:
         return "".join(str(m["content"]) for m in messages)
+
+
+class RecordingObserver:
+    """Implements EngineObserver: keeps every StepStats it is given."""
+
+    def __init__(self) -> None:
+        self.steps: list[StepStats] = []
+
+    def record_step(self, stats: StepStats) -> None:
+        self.steps.append(stats)
+
+    def total(self, name: str) -> int:
+        """The sum of a count field over every step."""
+        return sum(getattr(step, name) for step in self.steps)
+
+    def observed(self, name: str) -> list:
+        """A tuple field's observations over every step, in order."""
+        return [value for step in self.steps for value in getattr(step, name)]
+
+    @property
+    def state(self) -> SchedulerState:
+        return self.steps[-1].state if self.steps else SchedulerState()
+
+
+class ManualClock:
+    """A monotonic clock in seconds that moves only when a test sets or advances it."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 if TYPE_CHECKING:  # mypy holds the fakes to the ports they stand in for

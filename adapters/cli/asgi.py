@@ -12,10 +12,12 @@ from adapters.cli import bootstrap
 from adapters.cli.serve_config import ServeConfig
 from adapters.http.app import create_app as create_http_app
 from adapters.http.serving import HttpSettings, ModelHolder, ServedModel
+from adapters.metrics.prometheus import PrometheusMetrics
 from domain.engine import EngineConfig, EngineLoop
+from ports.metrics import EngineObserver
 
 
-def load_served_model(config: ServeConfig) -> ServedModel:
+def load_served_model(config: ServeConfig, observer: EngineObserver | None = None) -> ServedModel:
     """Loads the model, starts the engine thread and describes what is served."""
     loaded = bootstrap.load(
         config.model,
@@ -24,6 +26,7 @@ def load_served_model(config: ServeConfig) -> ServedModel:
             max_num_batched_tokens=config.max_num_batched_tokens, max_logprobs=config.max_logprobs
         ),
         config.served_model_name,
+        observer,
     )
     loop = EngineLoop(loaded.engine)
     loop.start()
@@ -38,5 +41,7 @@ def load_served_model(config: ServeConfig) -> ServedModel:
 
 def create_app(config: ServeConfig | None = None) -> falcon.asgi.App:
     config = config or ServeConfig.from_environment()
-    holder = ModelHolder(loader=lambda: load_served_model(config))
-    return create_http_app(holder, HttpSettings(api_key=config.api_key))
+    # One metrics object per app: the engine reports steps to it, the app counts errors in it.
+    metrics = PrometheusMetrics(bootstrap.served_name(config.model, config.served_model_name))
+    holder = ModelHolder(loader=lambda: load_served_model(config, metrics))
+    return create_http_app(holder, HttpSettings(api_key=config.api_key), metrics)

@@ -9,6 +9,9 @@ from adapters.core.export import resolve_core
 from adapters.gpu.factory import RunnerSettings, build_executor
 from adapters.tokenizer.hf import HfTokenizer
 from domain.engine import Engine, EngineConfig
+from ports.metrics import EngineObserver
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 
 @dataclass(frozen=True)
@@ -26,8 +29,10 @@ def load(
     runner: RunnerSettings,
     engine_config: EngineConfig,
     served_model_name: str | None = None,
+    observer: EngineObserver | None = None,
 ) -> LoadedModel:
-    """Resolves the model (None means the embedded SmolLM2), loads it and builds the engine."""
+    """Resolves the model (None means the embedded SmolLM2), loads it and builds the engine;
+    `observer` receives the engine's step stats."""
     core = resolve_core(
         model,
         max_num_seqs=runner.max_num_seqs,
@@ -44,6 +49,15 @@ def load(
         capacity=core.capacity,
         token_capacity=core.token_capacity,
     )
-    engine = Engine(executor, tokenizer, replace(engine_config, max_num_seqs=runner.max_num_seqs))
-    name = served_model_name or (model if model else "SmolLM2-135M-Instruct")
-    return LoadedModel(engine, tokenizer, name, model_dir)
+    engine = Engine(
+        executor,
+        tokenizer,
+        replace(engine_config, max_num_seqs=runner.max_num_seqs),
+        observer=observer,
+    )
+    return LoadedModel(engine, tokenizer, served_name(model, served_model_name), model_dir)
+
+
+def served_name(model: str | None, served_model_name: str | None = None) -> str:
+    """The name clients use: `--served-model-name`, else the model path, else the default's."""
+    return served_model_name or model or DEFAULT_MODEL_NAME

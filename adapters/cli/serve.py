@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
 from adapters.cli.runner_args import add_runner_arguments, runner_settings
 from adapters.cli.serve_config import ENVIRONMENT_VARIABLE, ServeConfig
+from adapters.metrics.registry import clear_multiprocess_directory, forget_process
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -57,6 +59,10 @@ class _Gunicorn(BaseApplication):
         return create_app()
 
 
+def _child_exit(server: object, worker: Any) -> None:
+    forget_process(worker.pid)
+
+
 def run(args: argparse.Namespace) -> int:
     config = ServeConfig(
         model=args.model_path or args.model,
@@ -67,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         runner=runner_settings(args),
     )
     os.environ[ENVIRONMENT_VARIABLE] = config.to_environment()
+    clear_multiprocess_directory()
     _Gunicorn(
         {
             "bind": f"{args.host}:{args.port}",
@@ -78,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
             "accesslog": "-",
             # One control socket per user would make two servers on one machine fight over it.
             "control_socket_disable": True,
+            "child_exit": _child_exit,
         }
     ).run()
     return 0

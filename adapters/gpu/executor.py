@@ -16,6 +16,7 @@ from adapters.gpu.sampling.penalty_state import PenaltyState
 from adapters.gpu.sampling.sampler import Sampler, SamplingTensors
 from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
 from domain.commit import commit_round
+from domain.prompt_scores import PROMPT_ROW_WORDS
 from domain.records import CompletionRecord, Role
 from domain.step import ExecutorGeometry, FrameResult, SlotWork, StepPlan
 
@@ -93,7 +94,14 @@ class TorchExecutor:
         result = self._outputs.read(frame)
         if self._scores is None:
             return result
-        return dataclasses.replace(result, prompt_scores=self._scores.read(frame))
+        scores = self._scores.read(frame)
+        # The scores read copies exactly the frame's fed rows, 43 int32 words each.
+        rows = sum(len(lane) for lane in scores)
+        return dataclasses.replace(
+            result,
+            prompt_scores=scores,
+            payload_bytes=result.payload_bytes + rows * PROMPT_ROW_WORDS * 4,
+        )
 
     def _forward(self, frame: int, plan: StepPlan) -> _Round | None:
         chunks = [SequenceChunk(w.token_ids, w.start_position, w.block_table) for w in plan.works]

@@ -11,6 +11,7 @@ from adapters.http import errors
 from adapters.http.auth import ApiKeyMiddleware
 from adapters.http.chat import ChatCompletionsResource
 from adapters.http.completions import CompletionsResource
+from adapters.http.metrics import MetricsResource
 from adapters.http.resources import (
     DetokenizeResource,
     HealthResource,
@@ -19,12 +20,21 @@ from adapters.http.resources import (
     TokenizeResource,
 )
 from adapters.http.serving import HttpSettings, ModelHolder
+from adapters.metrics.prometheus import PrometheusMetrics
 
 OPENAPI_PATH = Path(__file__).resolve().parents[2] / "contracts" / "openapi.yaml"
 
 
-def create_app(holder: ModelHolder, settings: HttpSettings | None = None) -> falcon.asgi.App:
+def create_app(
+    holder: ModelHolder,
+    settings: HttpSettings | None = None,
+    metrics: PrometheusMetrics | None = None,
+) -> falcon.asgi.App:
+    """`metrics` should be the engine's observer too; by default the app gets metrics of its own
+    (a fresh registry), which count its rejections only."""
     settings = settings or HttpSettings()
+    if metrics is None:
+        metrics = PrometheusMetrics(holder.served.name if holder.loaded else "")
     middleware: list[Any] = [holder]
     if settings.api_key:
         middleware.append(ApiKeyMiddleware(settings.api_key))
@@ -37,5 +47,6 @@ def create_app(holder: ModelHolder, settings: HttpSettings | None = None) -> fal
     app.add_route("/tokenize", TokenizeResource(holder, settings))
     app.add_route("/detokenize", DetokenizeResource(holder, settings))
     app.add_route("/openapi.json", OpenApiResource(OPENAPI_PATH))
-    errors.register(app)
+    app.add_route("/metrics", MetricsResource(metrics))
+    errors.register(app, metrics)
     return app

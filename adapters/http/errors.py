@@ -7,8 +7,9 @@ import logging
 import falcon
 import falcon.asgi
 
-from domain.errors import DomainError
+from domain.errors import DomainError, NotReadyError, OverloadedError
 from domain.presentation import error_object
+from ports.metrics import RejectionObserver
 
 _log = logging.getLogger(__name__)
 
@@ -31,35 +32,73 @@ class _HttpError(DomainError):
         self.type = _TYPES.get(status, "BadRequestError" if status < 500 else "InternalServerError")
 
 
-def _render(resp: falcon.asgi.Response, error: DomainError) -> None:
-    resp.status = error.status
-    resp.media = error_object(error)
+# The `reason` label of `helios:requests_rejected_total`, by status; 503 is told apart by class.
+_REASONS = {
+    400: "invalid_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "too_large",
+    415: "unsupported_media_type",
+    500: "internal_error",
+}
 
 
-async def handle_domain_error(
-    req: falcon.asgi.Request, resp: falcon.asgi.Response, error: DomainError, params: dict
-) -> None:
-    _render(resp, error)
+def rejection_reason(error: DomainError) -> str:
+    if isinstance(error, OverloadedError):
+        return "overloaded"
+    if isinstance(error, NotReadyError):
+        return "not_ready"
+    return _REASONS.get(error.status, f"status_{error.status}")
 
 
-async def handle_http_error(
-    req: falcon.asgi.Request, resp: falcon.asgi.Response, error: falcon.HTTPError, params: dict
-) -> None:
-    message = error.description or error.title or "request failed"
-    _render(resp, _HttpError(error.status_code, message))
-    for name, value in dict(error.headers or {}).items():
-        resp.set_header(name, value)
+class _Uncounted:
+    def request_rejected(self, reason: str) -> None:
+        return None
 
 
-async def handle_unexpected(
-    req: falcon.asgi.Request, resp: falcon.asgi.Response, error: Exception, params: dict
-) -> None:
-    _log.exception("unhandled error on %s %s", req.method, req.path)
-    _render(resp, _HttpError(500, f"internal error: {type(error).__name__}"))
+class _ErrorPath:
+    """Renders every error as the envelope and counts it once, by reason."""
+
+    def __init__(self, rejections: RejectionObserver) -> None:
+        self._rejections = rejections
+
+    def _render(self, resp: falcon.asgi.Response, error: DomainError) -> None:
+        resp.status = error.status
+        resp.media = error_object(error)
+        self._rejections.request_rejected(rejection_reason(error))
+
+    async def domain_error(
+        self,
+        req: falcon.asgi.Request,
+        resp: falcon.asgi.Response,
+        error: DomainError,
+        params: dict,
+    ) -> None:
+        self._render(resp, error)
+
+    async def http_error(
+        self,
+        req: falcon.asgi.Request,
+        resp: falcon.asgi.Response,
+        error: falcon.HTTPError,
+        params: dict,
+    ) -> None:
+        message = error.description or error.title or "request failed"
+        self._render(resp, _HttpError(error.status_code, message))
+        for name, value in dict(error.headers or {}).items():
+            resp.set_header(name, value)
+
+    async def unexpected(
+        self, req: falcon.asgi.Request, resp: falcon.asgi.Response, error: Exception, params: dict
+    ) -> None:
+        _log.exception("unhandled error on %s %s", req.method, req.path)
+        self._render(resp, _HttpError(500, f"internal error: {type(error).__name__}"))
 
 
-def register(app: falcon.asgi.App) -> None:
+def register(app: falcon.asgi.App, rejections: RejectionObserver | None = None) -> None:
+    path = _ErrorPath(rejections or _Uncounted())
     # Falcon picks the most specific registered type along the exception's MRO.
-    app.add_error_handler(Exception, handle_unexpected)
-    app.add_error_handler(falcon.HTTPError, handle_http_error)
-    app.add_error_handler(DomainError, handle_domain_error)
+    app.add_error_handler(Exception, path.unexpected)
+    app.add_error_handler(falcon.HTTPError, path.http_error)
+    app.add_error_handler(DomainError, path.domain_error)

@@ -52,6 +52,10 @@ class ModelHolder:
         self._served = served
 
     @property
+    def loaded(self) -> bool:
+        return self._served is not None
+
+    @property
     def served(self) -> ServedModel:
         if self._served is None:
             raise NotReadyError("the model is still loading")

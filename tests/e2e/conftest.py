@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -30,10 +30,12 @@ MAX_NUM_SEQS = 16
 
 @dataclass(frozen=True)
 class RunningServer:
-    """A started server: where to reach it and where its gunicorn output goes."""
+    """A started server: where to reach it, where its gunicorn output goes, and the process id
+    of its gunicorn master (0 until started)."""
 
     base_url: str
     log_path: Path
+    pid: int = 0
 
     def log(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
@@ -117,6 +119,7 @@ def running_server(
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+    server = replace(server, pid=process.pid)
     try:
         _wait_until_healthy(process, server)
         yield server

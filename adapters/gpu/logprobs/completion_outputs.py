@@ -187,7 +187,8 @@ class CompletionOutputs:
         width = 2 + 2 * requests.width
         slots = list(requests.lanes)
         # One copy of the requesting lanes' halves: chosen pair plus W alternative pairs.
-        payload = self.buffers.logprobs[frame, slots, :, :width].cpu().tolist()
+        copied = self.buffers.logprobs[frame, slots, :, :width].cpu()
+        payload = copied.tolist()
         by_slot = dict(zip(slots, payload, strict=True))
         logprobs: list[tuple[PositionLogprobs, ...] | None] = []
         for record in records:
@@ -199,7 +200,9 @@ class CompletionOutputs:
             logprobs.append(
                 tuple(unpack_position(lane_words[i], pairs) for i in range(len(record.tokens)))
             )
-        return FrameResult(frame, records, tuple(logprobs))
+        return FrameResult(
+            frame, records, tuple(logprobs), payload_bytes=copied.numel() * copied.element_size()
+        )
 
 
 def _reducer(backend: str, vocab_size: int, top_k: int) -> LogprobReducer:

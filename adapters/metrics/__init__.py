@@ -1,0 +1,1 @@
+"""Prometheus metrics: the engine observer, rejection counts and the text exposition."""
