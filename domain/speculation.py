@@ -63,6 +63,20 @@ class SpeculativeConfig:
                 f"token capacity T = {token_capacity} minus one (a round emits up to k + 1)"
             )
 
+    def to_json(self) -> str:
+        """vLLM's JSON shape; `from_json` reads it back to an equal value."""
+        fields: dict[str, object] = {
+            "method": self.method.value,
+            "num_speculative_tokens": self.num_speculative_tokens,
+        }
+        if self.method is SpeculativeMethod.NGRAM:
+            fields.update(
+                prompt_lookup_min=self.prompt_lookup_min, prompt_lookup_max=self.prompt_lookup_max
+            )
+        else:
+            fields["model"] = self.model
+        return json.dumps(fields)
+
     @classmethod
     def from_json(cls, text: str) -> SpeculativeConfig:
         """Parses vLLM's JSON shape, naming any unknown key or bad value."""

@@ -4,7 +4,7 @@ recording engine observer and a clock that moves only when told."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from domain.commit import commit_round
@@ -42,10 +42,16 @@ def next_token(context: Sequence[int], vocab_size: int = FAKE_VOCAB) -> int:
     return 1 + value % (vocab_size - 1)
 
 
-def fake_logprobs(context: Sequence[int], vocab_size: int = FAKE_VOCAB) -> list[float]:
-    """The fake model's FP32 logprobs after `context`: `next_token` is the argmax, the other
-    values spread over about ten nats (with ties), normalized by a float64 logsumexp."""
-    favourite = next_token(context, vocab_size)
+# A fake model: the context and the vocabulary size give the greedy next token.
+FakeModel = Callable[[Sequence[int], int], int]
+
+
+def fake_logprobs(
+    context: Sequence[int], vocab_size: int = FAKE_VOCAB, model: FakeModel = next_token
+) -> list[float]:
+    """The fake model's FP32 logprobs after `context`: the model's token is the argmax, the
+    other values spread over about ten nats (with ties), normalized by a float64 logsumexp."""
+    favourite = model(context, vocab_size)
     spread = next_token([*context, 1], 997)
     logits = [-((token_id * 7919 + spread) % 211) / 20.0 for token_id in range(vocab_size)]
     logits[favourite] = 1.0
@@ -61,10 +67,15 @@ def _ranked(values: Sequence[float], count: int) -> tuple[TokenLogprob, ...]:
 
 
 def fake_position(
-    context: Sequence[int], token_id: int, options: LogprobOptions, top_k: int, vocab_size: int
+    context: Sequence[int],
+    token_id: int,
+    options: LogprobOptions,
+    top_k: int,
+    vocab_size: int,
+    model: FakeModel = next_token,
 ) -> PositionLogprobs:
     """What a requesting lane reports for `token_id` emitted after `context`."""
-    values = fake_logprobs(context, vocab_size)
+    values = fake_logprobs(context, vocab_size, model)
     if options.token_ids:
         alternatives = tuple(TokenLogprob(t, values[t]) for t in options.token_ids)
     else:
@@ -72,9 +83,11 @@ def fake_position(
     return PositionLogprobs(TokenLogprob(token_id, values[token_id]), alternatives)
 
 
-def fake_prompt_score(context: Sequence[int], target: int, vocab_size: int) -> PromptScore:
+def fake_prompt_score(
+    context: Sequence[int], target: int, vocab_size: int, model: FakeModel = next_token
+) -> PromptScore:
     """The score of prompt token `target` after `context`, with 20 natural alternatives."""
-    values = fake_logprobs(context, vocab_size)
+    values = fake_logprobs(context, vocab_size, model)
     rank = 1 + sum(1 for value in values if value > values[target])
     return PromptScore(target, values[target], rank, _ranked(values, NATURAL_TOP_K))
 
@@ -89,8 +102,15 @@ class FakeExecutor:
     payload for each position and scored row they carry.
     """
 
-    def __init__(self, geometry: ExecutorGeometry, *, eos_after: int | None = None) -> None:
+    def __init__(
+        self,
+        geometry: ExecutorGeometry,
+        *,
+        eos_after: int | None = None,
+        model: FakeModel = next_token,
+    ) -> None:
         self.geometry = geometry
+        self._model = model
         self._contexts: dict[int, list[int]] = {}
         self._tables: dict[int, tuple[int, ...]] = {}
         self._frames: list[FrameResult] = [FrameResult(0, ()), FrameResult(1, ())]
@@ -163,7 +183,7 @@ class FakeExecutor:
                 rows.append(
                     None
                     if target == NO_TOKEN
-                    else fake_prompt_score(context, target, self.geometry.vocab_size)
+                    else fake_prompt_score(context, target, self.geometry.vocab_size, self._model)
                 )
         if scores is not None:
             scores.append(tuple(rows))
@@ -172,7 +192,7 @@ class FakeExecutor:
 
     def _sample(self, work: SlotWork, context: Sequence[int]) -> int:
         """The fake model's (greedy) choice after `context`."""
-        token_id = next_token(context, self.geometry.vocab_size)
+        token_id = self._model(context, self.geometry.vocab_size)
         generated = len(context) - work.prompt_len + 1
         if self._eos_after is not None and generated > self._eos_after:
             token_id = FAKE_EOS
@@ -220,7 +240,12 @@ class FakeExecutor:
         for token_id in record.tokens:
             positions.append(
                 fake_position(
-                    before, token_id, work.logprobs, geometry.logprob_top_k, geometry.vocab_size
+                    before,
+                    token_id,
+                    work.logprobs,
+                    geometry.logprob_top_k,
+                    geometry.vocab_size,
+                    self._model,
                 )
             )
             before.append(token_id)

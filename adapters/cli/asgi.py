@@ -23,7 +23,9 @@ def load_served_model(config: ServeConfig, observer: EngineObserver | None = Non
         config.model,
         config.runner,
         EngineConfig(
-            max_num_batched_tokens=config.max_num_batched_tokens, max_logprobs=config.max_logprobs
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_logprobs=config.max_logprobs,
+            speculative=config.speculative,
         ),
         config.served_model_name,
         observer,

@@ -6,6 +6,7 @@ import argparse
 
 from adapters.gpu.factory import RunnerSettings
 from domain.engine import EngineConfig
+from domain.speculation import SpeculativeConfig, SpeculativeConfigError
 
 
 def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +42,23 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
         "at capacities up to --max-num-batched-tokens; costs KV capacity and device memory. "
         "An exported core must declare it (helios export --prompt-logprobs)",
     )
+    parser.add_argument(
+        "--speculative-config",
+        type=_speculative_config,
+        default=None,
+        metavar="JSON",
+        help='speculative decoding, vLLM\'s JSON: {"method": "ngram", '
+        '"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4} or '
+        '{"method": "draft_model", "model": DIR_OR_GGUF, "num_speculative_tokens": 4}',
+    )
+
+
+def _speculative_config(text: str) -> SpeculativeConfig:
+    """argparse's type: a malformed config is a usage error before anything loads."""
+    try:
+        return SpeculativeConfig.from_json(text)
+    except SpeculativeConfigError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def runner_settings(args: argparse.Namespace) -> RunnerSettings:
@@ -58,5 +76,7 @@ def runner_settings(args: argparse.Namespace) -> RunnerSettings:
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        speculative=args.speculative_config,
     )

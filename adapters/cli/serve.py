@@ -70,6 +70,9 @@ def run(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_logprobs=args.max_logprobs,
+        speculative_config=(
+            args.speculative_config.to_json() if args.speculative_config is not None else None
+        ),
         runner=runner_settings(args),
     )
     os.environ[ENVIRONMENT_VARIABLE] = config.to_environment()

@@ -7,6 +7,7 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from adapters.gpu.factory import RunnerSettings
+from domain.speculation import SpeculativeConfig
 
 ENVIRONMENT_VARIABLE = "HELIOS_SERVE_CONFIG"
 
@@ -20,7 +21,15 @@ class ServeConfig:
     api_key: str | None = None
     max_num_batched_tokens: int = 512
     max_logprobs: int = 20
+    # `--speculative-config` as JSON (domain.speculation.SpeculativeConfig.to_json), or None.
+    speculative_config: str | None = None
     runner: RunnerSettings = field(default_factory=RunnerSettings)
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        if self.speculative_config is None:
+            return None
+        return SpeculativeConfig.from_json(self.speculative_config)
 
     def to_environment(self) -> str:
         return json.dumps(asdict(self))

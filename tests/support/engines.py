@@ -10,6 +10,7 @@ from domain.capabilities import FULL_LOGPROBS, LogprobCapability
 from domain.engine import Engine, EngineConfig
 from domain.engine_request import EngineRequest
 from domain.outputs import RequestEnd
+from domain.speculation import SpeculativeConfig
 from domain.step import StepPlan
 
 
@@ -22,6 +23,7 @@ def build_engine(
     block_size: int = 4,
     max_model_len: int = 128,
     capability: LogprobCapability = FULL_LOGPROBS,
+    speculative: SpeculativeConfig | None = None,
 ) -> tuple[Engine, HfTokenizer, list[StepPlan]]:
     """(engine, tokenizer, plans): `plans` grows by each plan the executor is given.
 
@@ -44,7 +46,9 @@ def build_engine(
         return submit(plan)
 
     executor.submit = spying_submit
-    config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
+    config = EngineConfig(
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, speculative=speculative
+    )
     return Engine(executor, tokenizer, config), tokenizer, plans
 
 

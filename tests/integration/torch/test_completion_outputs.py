@@ -96,7 +96,7 @@ def test_read_decodes_only_requesting_lanes_and_never_stale_payload(backend):
     logits = torch.randn(3, VOCAB + 6)  # six padded LM-head lanes
     chosen = torch.tensor([4, 5, 6])
 
-    outputs.reduce(0, logits, works, chosen)
+    outputs.reduce(0, logits, [0, 1, 2], [w.slot for w in works], [0, 0, 0], chosen.tolist())
     outputs.commit(
         0,
         [

@@ -1,0 +1,201 @@
+"""History speculation on the torch executor: same greedy tokens, exact target logprobs.
+
+Every test runs the same requests with speculation off and on over a tiny model and checks
+that drafts were offered and accepted. The verifier's raw target rows are captured, so each
+reported value is compared with the float64 log_softmax of the very row it came from.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+from domain.engine import Engine
+from domain.engine_request import EngineRequest
+from domain.logprob_rules import LogprobAsk
+from domain.logprobs import PositionLogprobs
+from domain.outputs import ChoiceDelta
+from domain.records import Role
+from domain.sampling import SamplingParams
+from domain.speculation import SpeculativeConfig, SpeculativeMethod
+from domain.step import FrameResult, StepPlan
+from tests.support.engines import build_engine, drain
+
+NGRAM = SpeculativeConfig(SpeculativeMethod.NGRAM, 4, 1, 3)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+# FP32 `logit - lse` against float64 log_softmax of the same FP32 row: one rounding of each.
+FP32_ROUNDING = 4e-6
+
+
+@dataclass
+class Capture:
+    """What the torch executor projected and committed, step by step."""
+
+    logits: list[torch.Tensor] = field(default_factory=list)  # float32 [R, V] per step
+    plans: list[StepPlan] = field(default_factory=list)
+    results: list[FrameResult] = field(default_factory=list)
+
+    def records(self, role: Role) -> list:
+        return [r for result in self.results for r in result.records if r.role is role]
+
+
+def spied_engine(
+    model_dir: Path, speculative: SpeculativeConfig | None, **options
+) -> tuple[Engine, Capture]:
+    engine, _, _ = build_engine(model_dir, speculative=speculative, **options)
+    capture = Capture()
+    executor = engine._executor  # noqa: SLF001 - the test watches the executor's own rows
+    model = executor._model  # noqa: SLF001
+    project, submit, read = model.compute_logits, executor.submit, executor.read
+
+    def compute_logits(hidden):
+        logits = project(hidden)
+        capture.logits.append(logits.detach().clone())
+        return logits
+
+    def spy_submit(plan):
+        capture.plans.append(plan)
+        return submit(plan)
+
+    def spy_read(frame):
+        result = read(frame)
+        capture.results.append(result)
+        return result
+
+    model.compute_logits = compute_logits
+    executor.submit, executor.read = spy_submit, spy_read
+    return engine, capture
+
+
+def repetitive_prompt(seed: int, vocab: int) -> tuple[int, ...]:
+    generator = random.Random(seed)
+    phrase = [generator.randrange(3, vocab) for _ in range(generator.randint(3, 7))]
+    noise = [generator.randrange(3, vocab) for _ in range(generator.randint(0, 4))]
+    return tuple(noise + phrase * 3 + phrase[: generator.randint(1, len(phrase))])
+
+
+def prompts(vocab: int) -> list[tuple[int, ...]]:
+    generator = random.Random(99)
+    plain = [tuple(generator.randrange(3, vocab) for _ in range(12)) for _ in range(8)]
+    return [repetitive_prompt(seed, vocab) for seed in range(16)] + plain
+
+
+def entries(items: list) -> list[PositionLogprobs]:
+    return [e.position for i in items if isinstance(i, ChoiceDelta) for e in i.logprobs]
+
+
+def tokens(items: list) -> list[int]:
+    return [t for i in items if isinstance(i, ChoiceDelta) for t in i.token_ids]
+
+
+def run_both(model_dir: Path, requests: list[EngineRequest], **options):
+    plain_engine, _ = spied_engine(model_dir, None, **options)
+    plain = drain(plain_engine, requests)
+    engine, capture = spied_engine(model_dir, NGRAM, **options)
+    speculative = drain(engine, requests)
+    return plain, speculative, capture
+
+
+def target_rows(capture: Capture) -> dict[tuple[int, int], torch.Tensor]:
+    """(step, emitted position) of each speculative lane -> the raw row the verifier used."""
+    rows = {}
+    for step, (plan, logits, result) in enumerate(
+        zip(capture.plans, capture.logits, capture.results, strict=True)
+    ):
+        first = 0
+        records = iter(result.records)
+        for work in plan.works:
+            record = next(records)
+            if not work.sample:
+                continue
+            count = 1 + len(work.drafts) if work.speculative else 1
+            for position in range(len(record.tokens)):
+                rows[(step, record.slot, position)] = logits[first + position]
+            first += count
+    return rows
+
+
+@pytest.fixture(scope="module")
+def greedy_runs(tiny_model_dir):
+    engine, _ = spied_engine(tiny_model_dir, None)
+    vocab = engine.vocab_size
+    requests = [
+        EngineRequest(f"p{i}", prompt, GREEDY, logprobs=LogprobAsk(wanted=True, count=20))
+        for i, prompt in enumerate(prompts(vocab))
+    ]
+    return (*run_both(tiny_model_dir, requests, max_num_seqs=8), vocab)
+
+
+def test_greedy_tokens_are_identical_with_drafts_offered_and_accepted(greedy_runs):
+    plain, speculative, capture, _ = greedy_runs
+
+    for name, items in plain.items():
+        assert tokens(speculative[name]) == tokens(items), name
+    verified = capture.records(Role.SPECULATIVE)
+    assert sum(r.drafts_offered for r in verified) > 50
+    assert sum(r.drafts_accepted for r in verified) > 20
+    assert any(len(r.tokens) > 2 for r in verified)
+
+
+def test_every_reported_value_is_the_verifier_s_row_in_float64_within_fp32_rounding(greedy_runs):
+    _, speculative, capture, vocab = greedy_runs
+    rows = target_rows(capture)
+    checked = 0
+
+    for step, (plan, result) in enumerate(zip(capture.plans, capture.results, strict=True)):
+        for lane, (work, record) in enumerate(zip(plan.works, result.records, strict=True)):
+            payload = result.lane_logprobs(lane)
+            if payload is None or not work.speculative:
+                continue
+            for position, entry in enumerate(payload):
+                row = rows[(step, record.slot, position)][:vocab].double()
+                expected = torch.log_softmax(row, dim=0)
+                value = expected[entry.chosen.token_id].item()
+                assert abs(entry.chosen.logprob - value) <= FP32_ROUNDING * (1 + abs(value))
+                best = torch.argsort(expected, descending=True, stable=True)[:20].tolist()
+                assert [a.token_id for a in entry.alternatives][:5] == best[:5]
+                checked += 1
+    assert checked > 100
+
+
+def test_values_differ_from_speculation_off_by_at_most_1e_5_with_near_ties_named(greedy_runs):
+    plain, speculative, _, _ = greedy_runs
+    swaps = 0
+
+    for name, items in plain.items():
+        off, on = entries(items), entries(speculative[name])
+        assert len(off) == len(on) > 0
+        for a, b in zip(off, on, strict=True):
+            assert a.chosen.token_id == b.chosen.token_id
+            assert abs(a.chosen.logprob - b.chosen.logprob) <= 1e-5
+            ids_a = [t.token_id for t in a.alternatives]
+            ids_b = [t.token_id for t in b.alternatives]
+            if ids_a != ids_b:
+                # A swap is allowed only between values closer than the 1e-5 shape noise.
+                swaps += 1
+                values = {t.token_id: t.logprob for t in a.alternatives}
+                for x, y in zip(ids_a, ids_b, strict=True):
+                    if x != y and y in values:
+                        assert abs(values[x] - values[y]) <= 1e-5
+    assert swaps <= len(plain)  # near-ties are rare; a systematic difference would be everywhere
+
+
+def test_a_seed_gives_one_output_whatever_the_batch_around_it(tiny_model_dir):
+    engine, _ = spied_engine(tiny_model_dir, NGRAM)
+    vocab = engine.vocab_size
+    sampled = SamplingParams(temperature=0.9, top_k=40, max_tokens=30, seed=17, ignore_eos=True)
+    prompt = repetitive_prompt(3, vocab)
+    alone = tokens(drain(engine, [EngineRequest("alone", prompt, sampled)])["alone"])
+
+    crowd = [EngineRequest("seeded", prompt, sampled)] + [
+        EngineRequest(f"other{i}", repetitive_prompt(40 + i, vocab), sampled) for i in range(5)
+    ]
+    engine, capture = spied_engine(tiny_model_dir, NGRAM)
+    together = tokens(drain(engine, crowd)["seeded"])
+
+    assert together == alone
+    assert sum(r.drafts_accepted for r in capture.records(Role.SPECULATIVE)) > 0
