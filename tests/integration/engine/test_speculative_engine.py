@@ -199,3 +199,68 @@ def test_a_seed_gives_one_output_whatever_the_batch_around_it(tiny_model_dir):
 
     assert together == alone
     assert sum(r.drafts_accepted for r in capture.records(Role.SPECULATIVE)) > 0
+
+
+DRAWS = 1500
+# Prompt a b a, with a and b pushed up: whichever comes first, the history then proposes a
+# (what followed the suffix before), which the biased target keeps a good part of the time.
+A, B = 10, 20
+BIAS = ((A, 11.5), (B, 12.0))
+
+
+def sampled_runs(model_dir: Path, speculative, seeds: range) -> tuple[list[list[int]], Capture]:
+    engine, capture = spied_engine(model_dir, speculative, max_num_seqs=16, budget=1024)
+    params = dict(temperature=1.0, max_tokens=4, ignore_eos=True, logit_bias=BIAS)
+    requests = [
+        EngineRequest(f"s{seed}", (A, B, A), SamplingParams(seed=seed, **params))
+        for seed in seeds
+    ]
+    found: dict[str, list] = {}
+    for start in range(0, len(requests), 500):  # within the engine's admission queue
+        found.update(drain(engine, requests[start : start + 500]))
+    return [tokens(found[f"s{seed}"]) for seed in seeds], capture
+
+
+def acceptance(capture: Capture, vocab: int) -> tuple[int, float, float]:
+    """Rounds whose first draft stood, and the expected count and variance from the biased
+    target distribution of each round's first row: sum p(d) and sum p(d)(1 - p(d))."""
+    kept, expected, variance = 0, 0.0, 0.0
+    bias = torch.zeros(vocab, dtype=torch.float64)
+    for token_id, value in BIAS:
+        bias[token_id] = value
+    for plan, logits, result in zip(capture.plans, capture.logits, capture.results, strict=True):
+        first = 0
+        for work, record in zip(plan.works, result.records, strict=True):
+            if not work.sample:
+                continue
+            if work.drafts:
+                row = logits[first][:vocab].double() + bias
+                p = torch.softmax(row, dim=0)[work.drafts[0]].item()
+                kept += record.drafts_accepted > 0
+                expected += p
+                variance += p * (1 - p)
+            first += 1 + len(work.drafts) if work.speculative else 1
+    return kept, expected, variance
+
+
+def test_sampled_tokens_after_verification_follow_the_plain_distribution(tiny_model_dir):
+    from scipy.stats import chi2_contingency
+
+    plain, _ = sampled_runs(tiny_model_dir, None, range(DRAWS))
+    speculative, capture = sampled_runs(tiny_model_dir, NGRAM, range(DRAWS, 2 * DRAWS))
+
+    vocab = spied_engine(tiny_model_dir, None)[0].vocab_size
+    kept, expected, variance = acceptance(capture, vocab)
+    assert expected > 100, "the drafts were not likely enough to test acceptance"
+    # Drafts stand with probability p(d): a count far off the binomial sum would show a bias.
+    assert abs(kept - expected) < 4 * variance**0.5, (kept, expected)
+    for position in (1, 2, 3):
+        seen = sorted({t[position] for t in plain} | {t[position] for t in speculative})
+        table = [[sum(t[position] == s for t in run) for s in seen] for run in (plain, speculative)]
+        common = [i for i in range(len(seen)) if table[0][i] + table[1][i] >= 20]
+        pooled = [
+            [row[i] for i in common] + [sum(row) - sum(row[i] for i in common)] for row in table
+        ]
+        pooled = [row for row in zip(*pooled, strict=True) if sum(row)]
+        _, p_value, _, _ = chi2_contingency(list(zip(*pooled, strict=True)))
+        assert p_value > 1e-3, (position, pooled)
