@@ -193,6 +193,7 @@ class Engine:
             entry = self._requests.get(sequence.request_id)
             if entry is None:
                 continue
+            self._tally.speculated(record.drafts_offered, record.drafts_accepted)
             if plan.scored and not self._publish_scores(entry, sequence, record, result, lane):
                 continue
             if record.emits:

@@ -45,6 +45,12 @@ class StepStats:
     logprob_positions: int = 0
     logprob_payload_bytes: int = 0
     prompt_rows_scored: int = 0
+    # Speculation: rounds that offered drafts, drafts offered and accepted, and per draft
+    # position i the rounds whose first i + 1 drafts stood.
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_per_position: tuple[int, ...] = ()
 
 
 class UnobservedSteps:

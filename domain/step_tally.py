@@ -35,6 +35,9 @@ class StepTally:
         self._logprob_positions = 0
         self._payload_bytes = 0
         self._prompt_rows = 0
+        self._spec_drafts = 0
+        self._spec_draft_tokens = 0
+        self._spec_accepted: list[int] = []
         self._dirty = False
 
     def scheduled(self, timeline: ChoiceTimeline, now: float) -> None:
@@ -77,6 +80,18 @@ class StepTally:
             self._prompt_rows += prompt_rows
             self._dirty = True
 
+    def speculated(self, offered: int, accepted: int) -> None:
+        """A verification round that offered drafts and kept the first `accepted` of them."""
+        if not offered:
+            return
+        self._spec_drafts += 1
+        self._spec_draft_tokens += offered
+        if len(self._spec_accepted) < offered:
+            self._spec_accepted.extend([0] * (offered - len(self._spec_accepted)))
+        for position in range(accepted):
+            self._spec_accepted[position] += 1
+        self._dirty = True
+
     def flush(self, state: SchedulerState, preemptions_total: int) -> StepStats | None:
         """The stats since the last flush, or None when nothing changed (an idle step)."""
         preemptions = preemptions_total - self._preemptions_seen
@@ -94,6 +109,10 @@ class StepTally:
             logprob_positions=self._logprob_positions,
             logprob_payload_bytes=self._payload_bytes,
             prompt_rows_scored=self._prompt_rows,
+            spec_drafts=self._spec_drafts,
+            spec_draft_tokens=self._spec_draft_tokens,
+            spec_accepted_tokens=sum(self._spec_accepted),
+            spec_accepted_per_position=tuple(self._spec_accepted),
         )
         self._state = state
         self._preemptions_seen = preemptions_total

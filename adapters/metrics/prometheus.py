@@ -100,6 +100,21 @@ class PrometheusMetrics:
         self._prompt_rows = counter(
             "helios:prompt_rows_scored", "Prompt rows scored against their next prompt token."
         )
+        self._spec_drafts = counter(
+            "vllm:spec_decode_num_drafts", "Verification rounds that offered drafts."
+        )
+        self._spec_draft_tokens = counter(
+            "vllm:spec_decode_num_draft_tokens", "Draft tokens offered for verification."
+        )
+        self._spec_accepted = counter(
+            "vllm:spec_decode_num_accepted_tokens", "Draft tokens the target accepted."
+        )
+        self._spec_per_position = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Rounds whose drafts stood up to and including each position (0-based).",
+            (*by_model, "position"),
+            registry=owner,
+        )
         self._rejected = Counter(
             "helios:requests_rejected",
             "Requests answered with an error envelope, by reason.",
@@ -128,9 +143,15 @@ class PrometheusMetrics:
             (self._logprob_positions, stats.logprob_positions),
             (self._payload_bytes, stats.logprob_payload_bytes),
             (self._prompt_rows, stats.prompt_rows_scored),
+            (self._spec_drafts, stats.spec_drafts),
+            (self._spec_draft_tokens, stats.spec_draft_tokens),
+            (self._spec_accepted, stats.spec_accepted_tokens),
         ):
             if amount:
                 child.inc(amount)
+        for position, rounds in enumerate(stats.spec_accepted_per_position):
+            if rounds:
+                self._spec_per_position.labels(self._model_name, str(position)).inc(rounds)
         for seconds in stats.queue_times:
             self._queue.observe(seconds)
         for seconds in stats.first_token_times:

@@ -212,8 +212,7 @@ def sampled_runs(model_dir: Path, speculative, seeds: range) -> tuple[list[list[
     engine, capture = spied_engine(model_dir, speculative, max_num_seqs=16, budget=1024)
     params = dict(temperature=1.0, max_tokens=4, ignore_eos=True, logit_bias=BIAS)
     requests = [
-        EngineRequest(f"s{seed}", (A, B, A), SamplingParams(seed=seed, **params))
-        for seed in seeds
+        EngineRequest(f"s{seed}", (A, B, A), SamplingParams(seed=seed, **params)) for seed in seeds
     ]
     found: dict[str, list] = {}
     for start in range(0, len(requests), 500):  # within the engine's admission queue

@@ -26,11 +26,16 @@ def http_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def serve_tiny(
-    model_dir: Path, *, max_num_batched_tokens: int | None = None, **runner: object
+    model_dir: Path,
+    *,
+    max_num_batched_tokens: int | None = None,
+    speculative_config: str | None = None,
+    **runner: object,
 ) -> ServedModel:
     """The tiny model behind a started engine; the caller stops it.
 
     `runner` overrides RunnerSettings fields; without a token budget ServeConfig's default holds.
+    `speculative_config` is `--speculative-config`'s JSON.
     """
     settings = dict(
         device="cpu",
@@ -47,6 +52,7 @@ def serve_tiny(
         model=str(model_dir),
         served_model_name=MODEL_NAME,
         runner=RunnerSettings(**settings),
+        speculative_config=speculative_config,
         **budget,
     )
     return load_served_model(config)

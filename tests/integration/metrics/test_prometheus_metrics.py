@@ -221,3 +221,28 @@ def test_without_the_variable_the_registry_is_private_to_the_instance():
 
     assert registry.multiprocess_dir is None
     assert registry.owner is not registry.exposed
+
+
+def test_speculation_counts_use_vllm_s_names_and_count_each_position():
+    metrics = PrometheusMetrics(MODEL)
+    rounds = StepStats(
+        SchedulerState(),
+        spec_drafts=3,
+        spec_draft_tokens=10,
+        spec_accepted_tokens=6,
+        spec_accepted_per_position=(3, 2, 1, 0),
+    )
+
+    metrics.record_step(rounds)
+    metrics.record_step(rounds)
+    found = scrape(metrics)
+
+    assert found.value("vllm:spec_decode_num_drafts_total", model_name=MODEL) == 6
+    assert found.value("vllm:spec_decode_num_draft_tokens_total", model_name=MODEL) == 20
+    assert found.value("vllm:spec_decode_num_accepted_tokens_total", model_name=MODEL) == 12
+    per_position = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+    assert [found.value(per_position, model_name=MODEL, position=str(p)) for p in range(3)] == [
+        6,
+        4,
+        2,
+    ]

@@ -244,3 +244,30 @@ def test_drafts_never_exceed_k_nor_the_remaining_budget():
         for work in plan.works:
             assert len(work.drafts) <= NGRAM.num_speculative_tokens
             assert len(work.drafts) <= work.remaining - 1
+
+
+def test_the_observer_counts_rounds_drafts_and_acceptances_per_position():
+    from tests.fakes import RecordingObserver
+
+    geometry = make_engine()[1].geometry
+    executor = RecordingExecutor(geometry, model=stutter)
+    observer = RecordingObserver()
+    engine = Engine(
+        executor,
+        FakeTokenizer(),
+        EngineConfig(max_num_batched_tokens=32, speculative=NGRAM),
+        observer=observer,
+    )
+
+    run(engine, [request("stutter", PROMPT, max_tokens=40)])
+
+    offered_rounds = [r for r in executor.speculative_records if r.drafts_offered]
+    assert observer.total("spec_drafts") == len(offered_rounds) > 0
+    assert observer.total("spec_draft_tokens") == offered(executor)
+    assert observer.total("spec_accepted_tokens") == accepted(executor)
+    per_position = [0] * NGRAM.num_speculative_tokens
+    for step in observer.steps:
+        for position, rounds in enumerate(step.spec_accepted_per_position):
+            per_position[position] += rounds
+    expected = [sum(r.drafts_accepted > p for r in offered_rounds) for p in range(4)]
+    assert per_position == expected and expected[0] > 0
