@@ -11,7 +11,12 @@ from domain.prompt_scores import prompt_targets
 from domain.records import CompletionRecord
 from domain.sequence import Sequence, SequenceState
 from domain.slots import SlotTable
-from domain.speculation import NgramProposer, SpeculativeConfig, SpeculativeMethod
+from domain.speculation import (
+    NgramProposer,
+    SpeculativeConfig,
+    SpeculativeMethod,
+    next_draft_limit,
+)
 from domain.step import SlotWork, StepPlan
 
 
@@ -169,6 +174,10 @@ class Scheduler:
             # Rejected drafts were fed, but their cache positions hold nothing valid.
             rejected = record.drafts_offered - record.drafts_accepted
             sequence.num_computed += sequence.in_flight - rejected
+            if record.drafts_offered:
+                sequence.draft_limit = next_draft_limit(
+                    sequence.draft_limit, record.drafts_offered, record.drafts_accepted
+                )
             sequence.in_flight = 0
             advanced.append((sequence, record, lane))
         return advanced
@@ -190,7 +199,8 @@ class Scheduler:
             return ()
         if not decoding or len(sequence.outputs) < sequence.params.min_tokens:
             return ()
-        limit = min(speculative.num_speculative_tokens, sequence.remaining - 1, budget - 1)
+        k = speculative.num_speculative_tokens
+        limit = min(k, sequence.draft_limit or k, sequence.remaining - 1, budget - 1)
         if limit < 1:
             return ()
         if sequence.proposer is None:

@@ -49,6 +49,8 @@ class Sequence:
     # History proposals (speculative decoding with ngram), built at the first decode step and
     # extended with every kept output token.
     proposer: NgramProposer | None = None
+    # Drafts to offer next round (0: the configured k), adapted to how many recently stood.
+    draft_limit: int = 0
 
     @property
     def needs_scoring(self) -> bool:

@@ -155,3 +155,12 @@ class NgramProposer:
             if follower is not None:
                 return tuple(history[follower : follower + limit])
         return ()
+
+
+def next_draft_limit(limit: int, offered: int, accepted: int) -> int:
+    """How many drafts to offer next: one more than stood last time, so a request whose
+    proposals keep failing stops paying for long rejected runs (on a compute-bound device every
+    verified row costs), and one whose proposals all stand grows back; k caps it."""
+    if accepted == offered:
+        return max(limit, offered) + 1
+    return accepted + 1
