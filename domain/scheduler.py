@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from domain.blocks import BlockAllocator, blocks_needed
 from domain.logprobs import NO_TOKEN
 from domain.prompt_scores import prompt_targets
-from domain.records import CompletionRecord
+from domain.records import CompletionRecord, Role
 from domain.sequence import Sequence, SequenceState
 from domain.slots import SlotTable
 from domain.speculation import (
@@ -140,11 +140,14 @@ class Scheduler:
             chunk = min(sequence.num_tokens - sequence.num_computed, budget)
             if chunk < 1:
                 continue
+            sequence.pending_proposals = 0
             drafts = () if scored else self._drafts(sequence, chunk, budget)
-            if not self._reserve(sequence, chunk + len(drafts)):
+            # Drafts, known or still to be proposed, take cache positions and budget too.
+            room = chunk + len(drafts) + sequence.pending_proposals
+            if not self._reserve(sequence, room):
                 break
             works.append(self._work(sequence, chunk, scored, drafts))
-            budget -= chunk + len(drafts)
+            budget -= room
         while self._waiting and budget > 0 and self._slots.num_free:
             sequence = self._waiting[0]
             if sequence.needs_scoring != scored:
@@ -171,9 +174,12 @@ class Scheduler:
             sequence = self._by_slot.get(record.slot)
             if sequence is None or sequence.epoch != record.epoch or not sequence.in_flight:
                 continue
-            # Rejected drafts were fed, but their cache positions hold nothing valid.
-            rejected = record.drafts_offered - record.drafts_accepted
-            sequence.num_computed += sequence.in_flight - rejected
+            # Of the drafts fed after the chunk, only the accepted ones left valid cache entries.
+            sequence.num_computed += sequence.in_flight + record.drafts_accepted
+            if record.role is Role.SPECULATIVE and sequence.draft_model and record.drafts_offered:
+                # The draft model fed the lane's last token and every draft but the last.
+                kept = min(record.drafts_accepted, record.drafts_offered - 1)
+                sequence.draft_computed = record.first_position + kept
             if record.drafts_offered:
                 sequence.draft_limit = next_draft_limit(
                     sequence.draft_limit, record.drafts_offered, record.drafts_accepted
@@ -189,19 +195,31 @@ class Scheduler:
         if sequence.proposer is not None:
             sequence.proposer.extend(tokens)
 
-    def _drafts(self, sequence: Sequence, chunk: int, budget: int) -> tuple[int, ...]:
-        """History proposals for a decode lane: up to k tokens, within the token budget and one
-        short of the remaining output budget (a round also emits the target's own token).
-        None before `min_tokens` are out, whose bans a width-one round applies."""
+    def _draft_limit(self, sequence: Sequence, chunk: int, budget: int) -> int:
+        """Drafts a decode lane may carry: up to k (fewer after rejections, see
+        `next_draft_limit`), within the token budget and one short of the remaining output
+        budget (a round also emits the target's own token); none before `min_tokens` are out,
+        whose bans a width-one round applies."""
         speculative = self._config.speculative
         decoding = chunk == 1 and sequence.num_computed + 1 == sequence.num_tokens
-        if speculative is None or speculative.method is not SpeculativeMethod.NGRAM:
-            return ()
-        if not decoding or len(sequence.outputs) < sequence.params.min_tokens:
-            return ()
+        if speculative is None or not decoding:
+            return 0
+        if len(sequence.outputs) < sequence.params.min_tokens:
+            return 0
         k = speculative.num_speculative_tokens
-        limit = min(k, sequence.draft_limit or k, sequence.remaining - 1, budget - 1)
-        if limit < 1:
+        return max(0, min(k, sequence.draft_limit or k, sequence.remaining - 1, budget - 1))
+
+    def _drafts(self, sequence: Sequence, chunk: int, budget: int) -> tuple[int, ...]:
+        """The lane's history proposals (ngram); for a draft-model lane it only sets how many
+        drafts its executor proposes (`pending_proposals`), which reserve room like drafts."""
+        speculative = self._config.speculative
+        limit = self._draft_limit(sequence, chunk, budget)
+        sequence.pending_proposals = 0
+        if speculative is None or limit < 1:
+            return ()
+        if speculative.method is SpeculativeMethod.DRAFT_MODEL:
+            sequence.draft_model = True
+            sequence.pending_proposals = limit
             return ()
         if sequence.proposer is None:
             sequence.proposer = NgramProposer(
@@ -246,6 +264,7 @@ class Scheduler:
         self._release(sequence)
         sequence.state = SequenceState.WAITING
         sequence.num_computed = 0
+        sequence.draft_computed = 0
         sequence.num_preemptions += 1
         self._preemptions += 1
         self._waiting.appendleft(sequence)
@@ -268,9 +287,10 @@ class Scheduler:
         sample = end == sequence.num_tokens and sequence.remaining > 0
         if sequence.slot is None:
             raise ValueError(f"sequence {sequence.request_id} is planned without a slot")
-        sequence.in_flight = chunk + len(drafts)
+        sequence.in_flight = chunk
         # With speculation on, every decode lane verifies: proposals, or a width-one round.
         speculative = self._config.speculative is not None and sample and chunk == 1 and not scored
+        propose = sequence.pending_proposals if speculative and sequence.draft_model else 0
         banned = sequence.banned_until_min_tokens
         if len(sequence.outputs) >= sequence.params.min_tokens:
             banned = ()
@@ -291,6 +311,9 @@ class Scheduler:
             prompt_targets=_unscored_targets(sequence, start, chunk) if scored else (),
             speculative=speculative,
             drafts=drafts,
+            propose=propose,
+            draft_feed=sequence.tokens_between(sequence.draft_computed, end) if propose else (),
+            draft_start=sequence.draft_computed if propose else 0,
         )
 
 

@@ -51,6 +51,12 @@ class Sequence:
     proposer: NgramProposer | None = None
     # Drafts to offer next round (0: the configured k), adapted to how many recently stood.
     draft_limit: int = 0
+    # Draft-model speculation: whether this sequence's drafts come from the executor's draft
+    # model, how many it proposes this step, and how many positions its cache holds (kept in
+    # step with acceptance; zero after a preemption, which frees the blocks both caches use).
+    draft_model: bool = False
+    pending_proposals: int = 0
+    draft_computed: int = 0
 
     @property
     def needs_scoring(self) -> bool:

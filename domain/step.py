@@ -83,6 +83,11 @@ class SlotWork:
     prompt_targets: tuple[int, ...] = ()
     speculative: bool = False
     drafts: tuple[int, ...] = ()
+    # Draft-model lanes: drafts the executor's draft model proposes after `token_ids`, and the
+    # tokens it must catch up on first (positions `draft_start ..`, the lane's last included).
+    propose: int = 0
+    draft_feed: tuple[int, ...] = ()
+    draft_start: int = 0
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -95,6 +100,10 @@ class SlotWork:
             or len(self.drafts) >= len(self.token_ids)
         ):
             raise ValueError("drafts are the last fed tokens of a speculative lane, after one more")
+        if self.propose and (not self.speculative or self.drafts or not self.draft_feed):
+            raise ValueError("a lane proposing drafts verifies them, has none yet, feeds its draft")
+        if self.draft_feed and self.draft_start + len(self.draft_feed) != self.end_position:
+            raise ValueError("the draft model catches up to the lane's last fed token")
         if self.prompt_targets and len(self.prompt_targets) != len(self.token_ids):
             raise ValueError(
                 f"{len(self.prompt_targets)} prompt targets for {len(self.token_ids)} tokens"
@@ -112,6 +121,12 @@ class SlotWork:
     def first_emitted_position(self) -> int:
         """Where the first token this lane emits goes: after the last fed non-draft token."""
         return self.end_position - len(self.drafts)
+
+    @property
+    def max_drafts(self) -> int:
+        """Drafts this lane verifies at most: its history drafts, or what its draft model
+        proposes."""
+        return len(self.drafts) or self.propose
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,10 @@ from pathlib import Path
 
 from adapters.core.export import resolve_core
 from adapters.gpu.factory import RunnerSettings, build_executor
+from adapters.gpu.loading.default_model import resolve_model_dir
 from adapters.tokenizer.hf import HfTokenizer
 from domain.engine import Engine, EngineConfig
+from domain.speculation import SpeculativeConfig
 from ports.metrics import EngineObserver
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -48,6 +50,7 @@ def load(
         capability=core.capability,
         capacity=core.capacity,
         token_capacity=core.token_capacity,
+        draft_dir=_draft_dir(engine_config.speculative, tokenizer),
     )
     engine = Engine(
         executor,
@@ -56,6 +59,25 @@ def load(
         observer=observer,
     )
     return LoadedModel(engine, tokenizer, served_name(model, served_model_name), model_dir)
+
+
+def _draft_dir(speculative: SpeculativeConfig | None, tokenizer: HfTokenizer) -> Path | None:
+    """The draft model's directory, after checking it tokenizes exactly as the target does."""
+    if speculative is None or speculative.model is None:
+        return None
+    draft_dir = resolve_model_dir(speculative.model)
+    draft = HfTokenizer.from_dir(draft_dir)
+    same = draft.vocab_size == tokenizer.vocab_size and all(
+        draft.token_bytes(token_id) == tokenizer.token_bytes(token_id)
+        for token_id in range(tokenizer.vocab_size)
+    )
+    if not same:
+        raise ValueError(
+            f"the draft model {speculative.model!r} does not share the target's vocabulary "
+            f"({draft.vocab_size} against {tokenizer.vocab_size} tokens, or different token "
+            f"bytes); speculative decoding needs the same tokenizer"
+        )
+    return draft_dir
 
 
 def served_name(model: str | None, served_model_name: str | None = None) -> str:

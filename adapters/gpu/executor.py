@@ -13,8 +13,10 @@ from adapters.gpu.model.decoder import DecoderModel
 from adapters.gpu.model.forward_batch import ForwardBatch, SequenceChunk
 from adapters.gpu.model.kv_cache import PagedKVCache
 from adapters.gpu.sampling.penalty_state import PenaltyState
-from adapters.gpu.sampling.sampler import Sampler, SamplingTensors
+from adapters.gpu.sampling.rows import lane_rows, sampling_tensors
+from adapters.gpu.sampling.sampler import Sampler
 from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
+from adapters.gpu.speculation.draft_runner import DraftRunner
 from domain.commit import commit_round
 from domain.prompt_scores import PROMPT_ROW_WORDS
 from domain.records import CompletionRecord, Role
@@ -28,6 +30,7 @@ class _Round:
 
     raw_logits: torch.Tensor  # float32 [R, V_model]: raw rows, read by the reduction only
     first_rows: tuple[int, ...]  # per sampling lane, in plan order
+    drafts: tuple[tuple[int, ...], ...]  # per sampling lane: the drafts it verified
     sampled: tuple[tuple[int, ...], ...]  # per sampling lane: accepted drafts, then one token
     accepted: tuple[int, ...]  # per sampling lane: drafts that stood
 
@@ -51,8 +54,10 @@ class TorchExecutor:
         device: torch.device,
         *,
         logprobs_backend: str = "reference",
+        draft: DraftRunner | None = None,
     ) -> None:
         self._model = model
+        self._draft = draft
         self._kv_cache = kv_cache
         self._geometry = geometry
         self._device = device
@@ -104,104 +109,85 @@ class TorchExecutor:
         )
 
     def _forward(self, frame: int, plan: StepPlan) -> _Round | None:
-        chunks = [SequenceChunk(w.token_ids, w.start_position, w.block_table) for w in plan.works]
+        sampling = [work for work in plan.works if work.sample]
+        drafts, q = self._drafts(sampling)
+        by_lane = iter(drafts)
+        chunks = [
+            SequenceChunk(
+                w.token_ids + (next(by_lane) if w.propose and w.sample else ()),
+                w.start_position,
+                w.block_table,
+            )
+            for w in plan.works
+        ]
         batch = ForwardBatch.build(chunks, self._geometry.block_size, self._device)
         hidden = self._model(batch, self._kv_cache)
         if plan.scored and self._scores is not None:
             targets = [target for work in plan.works for target in work.prompt_targets]
             lanes = [len(work.token_ids) for work in plan.works]
             self._scores.score(frame, hidden, targets, lanes, self._model.compute_logits)
-        works = [work for work in plan.works if work.sample]
-        if not works:
+        if not sampling:
             return None
         ends = list(itertools.accumulate(batch.chunk_lengths))
+        lane_drafts = iter(drafts)
         rows: list[int] = []
         first_rows: list[int] = []
         for index, work in enumerate(plan.works):
             if work.sample:
                 first_rows.append(len(rows))
-                count = _target_rows(work)
+                count = 1 + len(next(lane_drafts)) if work.speculative else 1
                 rows.extend(range(ends[index] - count, ends[index]))
         selected = torch.tensor(rows, dtype=torch.int64, device=self._device)
         raw_logits = self._model.compute_logits(hidden[selected])  # [R, V_model] float32
-        self._outputs.upload(frame, works)
+        self._outputs.upload(frame, sampling)
         logits = raw_logits[:, : self._geometry.vocab_size]
-        tensors = self._sampling_tensors(works)
-        if not any(work.speculative for work in works):
+        sampled_rows = [
+            row for w, d in zip(sampling, drafts, strict=True) for row in lane_rows(w, d)
+        ]
+        tensors = sampling_tensors(
+            sampled_rows, self._geometry.vocab_size, self._device, self._penalties
+        )
+        if not any(work.speculative for work in sampling):
             plain = self._sampler.sample(logits, tensors).tolist()
             return _Round(
-                raw_logits, tuple(first_rows), tuple((t,) for t in plain), (0,) * len(works)
+                raw_logits,
+                tuple(first_rows),
+                tuple(drafts),
+                tuple((t,) for t in plain),
+                (0,) * len(sampling),
             )
         # A row's draft is the token fed after it; a lane's last row has none (-1).
-        drafts = [draft for work in works for draft in (*work.drafts, -1)]
+        row_drafts = [draft for lane in drafts for draft in (*lane, -1)]
         keeps, chosen = self._sampler.verify(
-            logits, tensors, torch.tensor(drafts, dtype=torch.int64, device=self._device)
+            logits,
+            tensors,
+            torch.tensor(row_drafts, dtype=torch.int64, device=self._device),
+            None if q is None else _row_probs(q, drafts, len(rows)),
         )
-        return _verdicts(works, first_rows, raw_logits, keeps.tolist(), chosen.tolist())
+        return _verdicts(drafts, first_rows, raw_logits, keeps.tolist(), chosen.tolist())
 
-    def _sampling_tensors(self, works: list[SlotWork]) -> SamplingTensors:
-        """Per target row: a speculative lane's rows share its settings, draw at their own
-        positions, and count the drafts before them as generated (penalties)."""
-        device = self._device
-        lanes = [(work, row) for work in works for row in range(_target_rows(work))]
-        params = [work.params for work, _ in lanes]
-
-        def floats(values: list[float]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.float32, device=device)
-
-        def longs(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int64, device=device)
-
-        any_penalties = any(p.uses_penalties for p in params)
-        counts, prompt_mask = (
-            self._penalties.rows([w.slot for w, _ in lanes]) if any_penalties else (None, None)
-        )
-        if counts is not None:
-            earlier = [(i, t) for i, (w, row) in enumerate(lanes) for t in w.drafts[:row]]
-            if earlier:
-                counts.index_put_(
-                    (longs([i for i, _ in earlier]), longs([t for _, t in earlier])),
-                    torch.ones(len(earlier), dtype=torch.int32, device=device),
-                    accumulate=True,
-                )
-        bias = [
-            (row, token_id, value)
-            for row, p in enumerate(params)
-            for token_id, value in p.logit_bias
-        ]
-        banned = [
-            (row, token_id) for row, (w, _) in enumerate(lanes) for token_id in w.banned_token_ids
-        ]
-        return SamplingTensors(
-            temperature=floats([p.temperature for p in params]),
-            top_k=torch.tensor(
-                [min(max(p.top_k, 0), self._geometry.vocab_size) for p in params],
-                dtype=torch.int32,
-                device=device,
-            ),
-            top_p=floats([p.top_p for p in params]),
-            min_p=floats([p.min_p for p in params]),
-            presence_penalty=floats([p.presence_penalty for p in params]),
-            frequency_penalty=floats([p.frequency_penalty for p in params]),
-            repetition_penalty=floats([p.repetition_penalty for p in params]),
-            output_counts=counts,
-            prompt_mask=prompt_mask,
-            bias_rows=longs([b[0] for b in bias]),
-            bias_token_ids=longs([b[1] for b in bias]),
-            bias_values=floats([b[2] for b in bias]),
-            banned_rows=longs([b[0] for b in banned]),
-            banned_token_ids=longs([b[1] for b in banned]),
-            seeds=longs([_signed64(w.seed) for w, _ in lanes]),
-            # The position of the token each row chooses keys its noise.
-            counters=longs([w.first_emitted_position + row for w, row in lanes]),
-            all_greedy=all(p.is_greedy for p in params),
-            any_penalties=any_penalties,
-        )
+    def _drafts(
+        self, sampling: list[SlotWork]
+    ) -> tuple[list[tuple[int, ...]], torch.Tensor | None]:
+        """Each sampling lane's drafts: its history drafts, or its draft model's proposals
+        (then also their distributions q, lane after lane)."""
+        proposing = [work for work in sampling if work.propose]
+        if not proposing:
+            return [work.drafts for work in sampling], None
+        if self._draft is None:
+            raise ValueError("a lane asks for draft-model proposals, but no draft model is loaded")
+        proposals = self._draft.propose(proposing)
+        made = iter(proposals.drafts)
+        return [next(made) if work.propose else work.drafts for work in sampling], proposals.q
 
     def _commit(self, frame: int, plan: StepPlan, sampled: _Round | None) -> list[CompletionRecord]:
         """One record per lane, through the shared commit rule; accepted drafts join the
         penalty counts."""
-        rounds = iter(zip(sampled.sampled, sampled.accepted, strict=True)) if sampled else None
+        rounds = (
+            iter(zip(sampled.drafts, sampled.sampled, sampled.accepted, strict=True))
+            if sampled
+            else None
+        )
         records = []
         for work in plan.works:
             if not work.sample or rounds is None:
@@ -214,9 +200,9 @@ class TorchExecutor:
                     )
                 )
                 continue
-            tokens, accepted = next(rounds)
+            drafts, tokens, accepted = next(rounds)
             emitted, finish = commit_round(work, tokens)
-            self._penalties.accept(work, work.drafts[:accepted])
+            self._penalties.accept(work, drafts[:accepted])
             records.append(
                 CompletionRecord(
                     slot=work.slot,
@@ -225,7 +211,7 @@ class TorchExecutor:
                     tokens=emitted,
                     first_position=work.first_emitted_position,
                     finish=finish,
-                    drafts_offered=len(work.drafts),
+                    drafts_offered=len(drafts),
                     drafts_accepted=accepted,
                     generated_total=work.first_emitted_position - work.prompt_len + len(emitted),
                 )
@@ -252,13 +238,21 @@ class TorchExecutor:
         self._outputs.reduce(frame, sampled.raw_logits, rows, slots, positions, chosen)
 
 
-def _target_rows(work: SlotWork) -> int:
-    """Rows a sampling lane projects: one per fed token when it verifies, else its last one."""
-    return 1 + len(work.drafts) if work.speculative else 1
+def _row_probs(q: torch.Tensor, drafts: list[tuple[int, ...]], rows: int) -> torch.Tensor:
+    """The draft distributions [R, V] aligned with the target rows: row j of a lane holds the
+    q its draft j was drawn from; rows without a draft hold zeros, which no rule reads."""
+    placed = torch.zeros((rows, q.shape[1]), dtype=q.dtype, device=q.device)
+    targets: list[int] = []
+    row = 0
+    for lane in drafts:
+        targets.extend(range(row, row + len(lane)))
+        row += len(lane) + 1
+    placed[torch.tensor(targets, dtype=torch.int64, device=q.device)] = q
+    return placed
 
 
 def _verdicts(
-    works: list[SlotWork],
+    drafts: list[tuple[int, ...]],
     first_rows: list[int],
     raw_logits: torch.Tensor,
     keeps: list[bool],
@@ -267,21 +261,15 @@ def _verdicts(
     """Each lane's drafts stand while their rows keep them; the first row that does not emits
     its own token (the correction), and a fully kept run emits the last row's (the bonus)."""
     sampled, accepted = [], []
-    for work, first_row in zip(works, first_rows, strict=True):
+    for lane, first_row in zip(drafts, first_rows, strict=True):
         tokens: list[int] = []
-        for offset, draft in enumerate(work.drafts):
+        for offset, draft in enumerate(lane):
             if not keeps[first_row + offset]:
                 tokens.append(chosen[first_row + offset])
                 break
             tokens.append(draft)
         else:
-            tokens.append(chosen[first_row + len(work.drafts)])
+            tokens.append(chosen[first_row + len(lane)])
         sampled.append(tuple(tokens))
         accepted.append(len(tokens) - 1)
-    return _Round(raw_logits, tuple(first_rows), tuple(sampled), tuple(accepted))
-
-
-def _signed64(seed: int) -> int:
-    """Seeds are unsigned 64-bit in the domain; torch int64 holds the same bits signed."""
-    seed &= (1 << 64) - 1
-    return seed - (1 << 64) if seed >= 1 << 63 else seed
+    return _Round(raw_logits, tuple(first_rows), tuple(drafts), tuple(sampled), tuple(accepted))

@@ -12,6 +12,7 @@ from adapters.gpu.loading.weights import load_model
 from adapters.gpu.model.config import ModelConfig
 from adapters.gpu.model.kv_cache import PagedKVCache
 from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
+from adapters.gpu.speculation.draft_runner import DraftRunner
 from domain.blocks import blocks_needed
 from domain.capabilities import FULL_LOGPROBS, LogprobCapability
 from domain.records import resolve_token_capacity
@@ -94,6 +95,7 @@ def build_executor(
     capability: LogprobCapability = FULL_LOGPROBS,
     capacity: int | None = None,
     token_capacity: int | None = None,
+    draft_dir: Path | None = None,
 ) -> TorchExecutor:
     """Loads the weights and sizes the KV pool; `vocab_size` is the tokenizer's real vocabulary.
 
@@ -122,7 +124,15 @@ def build_executor(
         # The flag's fixed scoring storage comes out of the default pool, so its cost shows as
         # KV capacity rather than as memory the budget did not plan for.
         budget = _default_kv_bytes(device) - _scoring_bytes(capability, vocab_size, config)
-    num_blocks = PagedKVCache.blocks_for_budget(config, budget, settings.block_size, dtype)
+    draft_config = ModelConfig.from_dir(draft_dir) if draft_dir is not None else None
+    if draft_config is not None:
+        check_draft_vocabulary(draft_config, vocab_size)
+        # The draft's cache has the target's blocks, so a block costs both models' bytes.
+        per_block = PagedKVCache.bytes_per_block(config, settings.block_size, dtype)
+        per_block += PagedKVCache.bytes_per_block(draft_config, settings.block_size, dtype)
+        num_blocks = budget // per_block
+    else:
+        num_blocks = PagedKVCache.blocks_for_budget(config, budget, settings.block_size, dtype)
     if num_blocks < blocks_needed(max_model_len, settings.block_size):
         raise ValueError(
             f"a KV budget of {budget} bytes holds {num_blocks * settings.block_size} "
@@ -142,4 +152,20 @@ def build_executor(
         scored_capacities=capability.scored_capacities,
     )
     backend = settings.resolve_logprobs_backend(device)
-    return TorchExecutor(model, kv_cache, geometry, device, logprobs_backend=backend)
+    draft = None
+    if draft_dir is not None and draft_config is not None:
+        draft_model = load_model(draft_dir, dtype=dtype, device=device)
+        draft_cache = PagedKVCache.allocate(
+            draft_config, num_blocks, settings.block_size, dtype, device
+        )
+        draft = DraftRunner(draft_model, draft_cache, geometry.vocab_size, device)
+    return TorchExecutor(model, kv_cache, geometry, device, logprobs_backend=backend, draft=draft)
+
+
+def check_draft_vocabulary(draft_config: ModelConfig, vocab_size: int) -> None:
+    """A draft model must cover the target's real vocabulary with its LM head."""
+    if draft_config.vocab_size < vocab_size:
+        raise ValueError(
+            f"the draft model's vocabulary ({draft_config.vocab_size} tokens) is smaller than "
+            f"the target's ({vocab_size}); a draft model must share the target's vocabulary"
+        )

@@ -18,6 +18,7 @@ GREEDY_TEMPERATURE_BELOW = 1e-5
 SAMPLE_STREAM = 0
 ACCEPT_STREAM = 1
 RESIDUAL_STREAM = 2
+DRAFT_STREAM = 3
 
 _ROW_FIELDS = (
     ("temperature", torch.float32),
@@ -214,7 +215,11 @@ class Sampler:
             raise ValueError(f"output_counts vocab {counts.shape[1]} != logits {logits.shape[1]}")
 
     def verify(
-        self, logits: Tensor, tensors: SamplingTensors, drafts: Tensor
+        self,
+        logits: Tensor,
+        tensors: SamplingTensors,
+        drafts: Tensor,
+        draft_probs: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Per target row: whether its draft stands (bool [R]) and the token the row emits when
         it does not (int64 [R]).
@@ -222,9 +227,10 @@ class Sampler:
         `drafts` int64 [R] holds the draft proposed at each row's position, -1 for a row
         without one (a bonus row, or a width-one round). Every transform applies as in
         `sample`, on scratch. Greedy rows keep a draft equal to their argmax and emit the
-        argmax. Random rows keep draft d with probability p(d), p being the row's filtered
-        distribution (a history proposer's q is one-hot at d), and otherwise emit a draw from p
-        without d, renormalized; a row without a draft draws from p with plain sampling's noise,
+        argmax. Random rows keep draft d with probability min(1, p(d) / q(d)), p being the
+        row's filtered distribution and q the draft's (`draft_probs` [R, V]; without it q is
+        one-hot at d, a history proposal), and otherwise emit a draw from the leftover
+        (p - q)+, renormalized; a row without a draft draws from p with plain sampling's noise,
         so `verify` and `sample` agree on it.
         """
         self._check(logits, tensors)
@@ -236,16 +242,45 @@ class Sampler:
             return greedy_keeps, greedy_chosen
         safe = drafts.clamp(min=0).unsqueeze(1)
         scores = filtered_logits(processed, tensors)
-        p_draft = scores.softmax(dim=1).gather(1, safe).squeeze(1)
+        probs = scores.softmax(dim=1)
+        p_draft = probs.gather(1, safe).squeeze(1)
         uniform = philox_uniform(tensors.seeds, tensors.counters, 1, ACCEPT_STREAM).squeeze(1)
-        random_keeps = has_draft & (uniform < p_draft)
-        residual = torch.where(has_draft.unsqueeze(1), scores.scatter(1, safe, -math.inf), scores)
+        if draft_probs is None:
+            random_keeps = has_draft & (uniform < p_draft)
+            leftover = scores.scatter(1, safe, -math.inf)
+        else:
+            q_draft = draft_probs.gather(1, safe).squeeze(1)
+            # u < p / q, multiplied out: q(d) > 0 for a drawn draft, and p / q >= 1 keeps it.
+            random_keeps = has_draft & (uniform * q_draft < p_draft)
+            leftover = (probs - draft_probs).clamp_(min=0.0).log_()
+        residual = torch.where(has_draft.unsqueeze(1), leftover, scores)
         streams = torch.where(has_draft, RESIDUAL_STREAM, SAMPLE_STREAM)
         random_chosen = _gumbel_max(residual, tensors, streams)
         greedy = tensors.temperature < GREEDY_TEMPERATURE_BELOW
         return (
             torch.where(greedy, greedy_keeps, random_keeps),
             torch.where(greedy, greedy_chosen, random_chosen),
+        )
+
+    def draw(self, logits: Tensor, tensors: SamplingTensors) -> tuple[Tensor, Tensor]:
+        """A draft model's proposals: one token per row (int64 [R]) and the distribution q it
+        was drawn from (float32 [R, V]; one-hot at the argmax for greedy rows), drawn from the
+        DRAFT stream so it never shares noise with the target's draws."""
+        self._check(logits, tensors)
+        processed = edited_logits(logits, tensors) if _needs_edit(tensors) else logits
+        greedy_chosen = processed.argmax(dim=1)
+        one_hot = torch.zeros_like(processed, dtype=torch.float32).scatter_(
+            1, greedy_chosen.unsqueeze(1), 1.0
+        )
+        if tensors.all_greedy:
+            return greedy_chosen, one_hot
+        scores = filtered_logits(processed, tensors)
+        q = scores.softmax(dim=1)
+        random_chosen = _gumbel_max(scores, tensors, DRAFT_STREAM)
+        greedy = tensors.temperature < GREEDY_TEMPERATURE_BELOW
+        return (
+            torch.where(greedy, greedy_chosen, random_chosen),
+            torch.where(greedy.unsqueeze(1), one_hot, q),
         )
 
 

@@ -1,0 +1,1 @@
+"""Speculative decoding on the device: the draft model that proposes."""
