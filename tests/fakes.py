@@ -108,9 +108,12 @@ class FakeExecutor:
         *,
         eos_after: int | None = None,
         model: FakeModel = next_token,
+        draft_model: FakeModel | None = None,
     ) -> None:
         self.geometry = geometry
         self._model = model
+        self._draft_model = draft_model
+        self._draft_contexts: dict[int, list[int]] = {}
         self._contexts: dict[int, list[int]] = {}
         self._tables: dict[int, tuple[int, ...]] = {}
         self._frames: list[FrameResult] = [FrameResult(0, ()), FrameResult(1, ())]
@@ -200,12 +203,37 @@ class FakeExecutor:
             token_id = 1 + token_id % (self.geometry.vocab_size - 1)
         return token_id
 
+    def _propose(self, work: SlotWork, context: list[int]) -> tuple[int, ...]:
+        """The fake draft model's greedy drafts, on a draft cache it checks like a real one:
+        it must hold exactly the target's tokens below `draft_start`."""
+        if self._draft_model is None:
+            raise AssertionError("a lane asks for draft-model proposals; the fake has no draft")
+        cache = self._draft_contexts.setdefault(work.slot, [])
+        if (
+            len(cache) < work.draft_start
+            or cache[: work.draft_start] != context[: work.draft_start]
+        ):
+            raise AssertionError(
+                f"slot {work.slot}: draft cache of {len(cache)} positions cannot start at "
+                f"{work.draft_start} with the target's tokens"
+            )
+        del cache[work.draft_start :]
+        cache.extend(work.draft_feed)
+        drafts: list[int] = []
+        for index in range(work.propose):
+            drafts.append(self._draft_model(cache, self.geometry.vocab_size))
+            if index < work.propose - 1:
+                cache.append(drafts[-1])  # the last draft is never fed to the draft model
+        return tuple(drafts)
+
     def _verify(self, work: SlotWork, context: list[int]) -> CompletionRecord:
         """Greedy verification: drafts stand while they equal the model's choice; the first
         mismatch emits the model's token, and a fully accepted run one more (the bonus)."""
-        cached = len(context) - len(work.drafts)
+        drafts = self._propose(work, context) if work.propose else work.drafts
+        context.extend(drafts[len(work.drafts) :])  # proposed drafts are fed like history ones
+        cached = len(context) - len(drafts)
         sampled: list[int] = []
-        for draft in work.drafts:
+        for draft in drafts:
             token_id = self._sample(work, context[: cached + len(sampled)])
             sampled.append(token_id)
             if token_id != draft:
@@ -223,7 +251,7 @@ class FakeExecutor:
             emitted,
             work.first_emitted_position,
             finish=finish,
-            drafts_offered=len(work.drafts),
+            drafts_offered=len(drafts),
             drafts_accepted=accepted,
             generated_total=work.first_emitted_position - work.prompt_len + len(emitted),
         )

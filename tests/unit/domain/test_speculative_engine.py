@@ -55,7 +55,12 @@ class RecordingExecutor(FakeExecutor):
 
 
 def make_engine(
-    model=copier, speculative=NGRAM, *, num_blocks: int = 64, budget: int = 32
+    model=copier,
+    speculative=NGRAM,
+    *,
+    num_blocks: int = 64,
+    budget: int = 32,
+    draft_model=None,
 ) -> tuple[Engine, RecordingExecutor]:
     geometry = ExecutorGeometry(
         capacity=8,
@@ -67,7 +72,7 @@ def make_engine(
         logprob_top_k=20,
         selects_logprob_ids=True,
     )
-    executor = RecordingExecutor(geometry, model=model)
+    executor = RecordingExecutor(geometry, model=model, draft_model=draft_model)
     config = EngineConfig(max_num_batched_tokens=budget, speculative=speculative)
     return Engine(executor, FakeTokenizer(), config), executor
 
@@ -112,11 +117,11 @@ def request(name: str, prompt: tuple[int, ...], logprobs: bool = True, n: int = 
 PROMPT = (3, 9, 14, 27, 5, 41, 3, 9, 14, 27)
 
 
-def compare(requests, model=copier, **engine_options) -> RecordingExecutor:
+def compare(requests, model=copier, speculative=NGRAM, **engine_options) -> RecordingExecutor:
     """Runs `requests` with speculation off and on; outputs must be identical."""
     plain_engine, _ = make_engine(model, None, **engine_options)
     plain = run(plain_engine, requests)
-    engine, executor = make_engine(model, **engine_options)
+    engine, executor = make_engine(model, speculative, **engine_options)
     speculative = run(engine, requests)
     for request_id, items in plain.items():
         assert outputs(speculative[request_id]) == outputs(items), request_id
@@ -271,3 +276,41 @@ def test_the_observer_counts_rounds_drafts_and_acceptances_per_position():
             per_position[position] += rounds
     expected = [sum(r.drafts_accepted > p for r in offered_rounds) for p in range(4)]
     assert per_position == expected and expected[0] > 0
+
+
+DRAFT = SpeculativeConfig(SpeculativeMethod.DRAFT_MODEL, 3, model="fake-draft")
+
+
+def test_a_draft_model_equal_to_the_target_has_every_draft_accepted():
+    executor = compare(
+        [request("same", PROMPT, max_tokens=30)], speculative=DRAFT, draft_model=copier
+    )
+
+    verified = [r for r in executor.speculative_records if r.drafts_offered]
+    assert verified and all(r.drafts_accepted == r.drafts_offered for r in verified)
+    assert max(r.drafts_offered for r in verified) == DRAFT.num_speculative_tokens
+
+
+def test_a_differing_draft_model_keeps_its_cache_in_step_with_acceptance():
+    # The fake draft cache raises if a round starts where its contents disagree with the
+    # target's tokens, so every rejection must have rolled it back.
+    executor = compare(
+        [request("stutter", PROMPT, max_tokens=40)],
+        model=stutter,
+        speculative=DRAFT,
+        draft_model=copier,
+    )
+
+    assert 0 < accepted(executor) < offered(executor)
+
+
+def test_preemption_rebuilds_the_draft_cache_from_the_start():
+    requests = [request(f"r{i}", PROMPT[i:] + PROMPT[:i], max_tokens=30) for i in range(4)]
+
+    executor = compare(
+        requests, model=stutter, speculative=DRAFT, draft_model=copier, num_blocks=26
+    )
+
+    assert accepted(executor) > 0
+    restarts = [w for plan in executor.plans for w in plan.works if w.propose and not w.draft_start]
+    assert len(restarts) > len(requests), "no draft cache was rebuilt after a preemption"
