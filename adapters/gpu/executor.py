@@ -111,15 +111,13 @@ class TorchExecutor:
     def _forward(self, frame: int, plan: StepPlan) -> _Round | None:
         sampling = [work for work in plan.works if work.sample]
         drafts, q = self._drafts(sampling)
-        by_lane = iter(drafts)
-        chunks = [
-            SequenceChunk(
-                w.token_ids + (next(by_lane) if w.propose and w.sample else ()),
-                w.start_position,
-                w.block_table,
-            )
-            for w in plan.works
-        ]
+        # Proposed drafts are fed after the lane's tokens, as history drafts already are.
+        proposed = iter(drafts)
+        chunks = []
+        for work in plan.works:
+            extra = next(proposed) if work.sample else ()
+            fed = work.token_ids + extra if work.propose else work.token_ids
+            chunks.append(SequenceChunk(fed, work.start_position, work.block_table))
         batch = ForwardBatch.build(chunks, self._geometry.block_size, self._device)
         hidden = self._model(batch, self._kv_cache)
         if plan.scored and self._scores is not None:

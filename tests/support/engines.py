@@ -37,7 +37,10 @@ def build_engine(
         kv_cache_bytes=kv_bytes,
         block_size=block_size,
     )
-    executor = build_executor(model_dir, settings, tokenizer.vocab_size, capability=capability)
+    draft_dir = Path(speculative.model) if speculative and speculative.model else None
+    executor = build_executor(
+        model_dir, settings, tokenizer.vocab_size, capability=capability, draft_dir=draft_dir
+    )
     plans: list[StepPlan] = []
     submit = executor.submit
 

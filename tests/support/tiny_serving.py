@@ -63,3 +63,26 @@ def build_ending_model_dir(directory: Path) -> Path:
         head[tokenizer.eos_token_id] = _EOS_GAIN * head[favourite]
     model.save_pretrained(directory)
     return directory
+
+
+def build_draft_model_dir(
+    directory: Path, target_dir: Path, *, noise: float, seed: int = 1
+) -> Path:
+    """A draft for `target_dir`'s model: the same tokenizer and shape, every weight moved by
+    Gaussian noise of std `noise` (0 gives an exact copy), so drafts agree with the target
+    often but not always."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(target_dir, directory, dirs_exist_ok=True)
+    path = directory / "model.safetensors"
+    weights = load_file(path)
+    generator = torch.Generator().manual_seed(seed)
+    moved = {
+        name: tensor + noise * torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype)
+        for name, tensor in weights.items()
+    }
+    save_file(moved, path, metadata={"format": "pt"})
+    return directory

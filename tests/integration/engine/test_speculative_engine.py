@@ -112,7 +112,8 @@ def target_rows(capture: Capture) -> dict[tuple[int, int], torch.Tensor]:
             record = next(records)
             if not work.sample:
                 continue
-            count = 1 + len(work.drafts) if work.speculative else 1
+            # A speculative lane has a row per draft it verified, history or proposed, plus one.
+            count = 1 + record.drafts_offered if work.speculative else 1
             for position in range(len(record.tokens)):
                 rows[(step, record.slot, position)] = logits[first + position]
             first += count
@@ -232,13 +233,13 @@ def acceptance(capture: Capture, vocab: int) -> tuple[int, float, float]:
         for work, record in zip(plan.works, result.records, strict=True):
             if not work.sample:
                 continue
-            if work.drafts:
+            if record.drafts_offered:
                 row = logits[first][:vocab].double() + bias
                 p = torch.softmax(row, dim=0)[work.drafts[0]].item()
                 kept += record.drafts_accepted > 0
                 expected += p
                 variance += p * (1 - p)
-            first += 1 + len(work.drafts) if work.speculative else 1
+            first += 1 + record.drafts_offered if work.speculative else 1
     return kept, expected, variance
 
 
@@ -263,3 +264,105 @@ def test_sampled_tokens_after_verification_follow_the_plain_distribution(tiny_mo
         pooled = [row for row in zip(*pooled, strict=True) if sum(row)]
         _, p_value, _, _ = chi2_contingency(list(zip(*pooled, strict=True)))
         assert p_value > 1e-3, (position, pooled)
+
+
+@pytest.fixture(scope="module")
+def drafts(tiny_model_dir, tmp_path_factory) -> dict[str, Path]:
+    from tests.support.tiny_serving import build_draft_model_dir
+
+    root = tmp_path_factory.mktemp("drafts")
+    return {
+        "same": build_draft_model_dir(root / "same", tiny_model_dir, noise=0.0),
+        "near": build_draft_model_dir(root / "near", tiny_model_dir, noise=0.02),
+    }
+
+
+def draft_config(path: Path) -> SpeculativeConfig:
+    return SpeculativeConfig(SpeculativeMethod.DRAFT_MODEL, 4, model=str(path))
+
+
+def test_a_draft_model_identical_to_the_target_has_every_draft_accepted(tiny_model_dir, drafts):
+    engine, capture = spied_engine(tiny_model_dir, draft_config(drafts["same"]))
+    requests = [
+        EngineRequest(f"p{i}", prompt, GREEDY)
+        for i, prompt in enumerate(prompts(engine.vocab_size))
+    ]
+
+    drain(engine, requests)
+
+    verified = [r for r in capture.records(Role.SPECULATIVE) if r.drafts_offered]
+    # Every draft stands only if the draft cache was kept exactly in step with acceptance.
+    assert len(verified) > 50
+    assert all(r.drafts_accepted == r.drafts_offered for r in verified)
+
+
+def test_a_near_draft_model_changes_no_greedy_token_and_reports_target_values(
+    tiny_model_dir, drafts
+):
+    plain_engine, _ = spied_engine(tiny_model_dir, None)
+    vocab = plain_engine.vocab_size
+    requests = [
+        EngineRequest(f"p{i}", prompt, GREEDY, logprobs=LogprobAsk(wanted=True, count=5))
+        for i, prompt in enumerate(prompts(vocab))
+    ]
+    plain = drain(plain_engine, requests)
+    engine, capture = spied_engine(tiny_model_dir, draft_config(drafts["near"]))
+
+    speculative = drain(engine, requests)
+
+    verified = capture.records(Role.SPECULATIVE)
+    assert 0 < sum(r.drafts_accepted for r in verified) < sum(r.drafts_offered for r in verified)
+    rows = target_rows(capture)
+    for name, items in plain.items():
+        assert tokens(speculative[name]) == tokens(items), name
+        for a, b in zip(entries(items), entries(speculative[name]), strict=True):
+            assert abs(a.chosen.logprob - b.chosen.logprob) <= 1e-5
+    for step, (plan, result) in enumerate(zip(capture.plans, capture.results, strict=True)):
+        for lane, (work, record) in enumerate(zip(plan.works, result.records, strict=True)):
+            payload = result.lane_logprobs(lane)
+            if payload is None or not work.speculative:
+                continue
+            for position, entry in enumerate(payload):
+                row = torch.log_softmax(rows[(step, record.slot, position)][:vocab].double(), 0)
+                value = row[entry.chosen.token_id].item()
+                assert abs(entry.chosen.logprob - value) <= FP32_ROUNDING * (1 + abs(value))
+
+
+def test_sampled_tokens_with_a_draft_model_follow_the_plain_distribution(tiny_model_dir, drafts):
+    from scipy.stats import chi2_contingency
+
+    plain, _ = sampled_runs(tiny_model_dir, None, range(DRAWS))
+    speculative, capture = sampled_runs(
+        tiny_model_dir, draft_config(drafts["near"]), range(DRAWS, 2 * DRAWS)
+    )
+
+    verified = capture.records(Role.SPECULATIVE)
+    assert sum(r.drafts_accepted for r in verified) > DRAWS // 2
+    assert sum(r.drafts_offered - r.drafts_accepted for r in verified) > 50
+    for position in (1, 2, 3):
+        seen = sorted({t[position] for t in plain} | {t[position] for t in speculative})
+        table = [[sum(t[position] == s for t in run) for s in seen] for run in (plain, speculative)]
+        common = [i for i in range(len(seen)) if table[0][i] + table[1][i] >= 20]
+        pooled = [
+            [row[i] for i in common] + [sum(row) - sum(row[i] for i in common)] for row in table
+        ]
+        pooled = [row for row in zip(*pooled, strict=True) if sum(row)]
+        _, p_value, _, _ = chi2_contingency(list(zip(*pooled, strict=True)))
+        assert p_value > 1e-3, (position, pooled)
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused_at_load(tiny_model_dir, tmp_path):
+    from adapters.cli import bootstrap
+    from adapters.gpu.factory import RunnerSettings
+    from domain.engine import EngineConfig
+    from tests.support.tiny_serving import build_tiny_model_dir
+
+    other = build_tiny_model_dir(tmp_path / "other", byte_fallback=True)
+    speculative = draft_config(other)
+
+    with pytest.raises(ValueError, match="does not share the target's vocabulary"):
+        bootstrap.load(
+            str(tiny_model_dir),
+            RunnerSettings(device="cpu", max_model_len=128, kv_cache_bytes=4 << 20),
+            EngineConfig(speculative=speculative),
+        )

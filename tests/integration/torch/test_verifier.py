@@ -94,3 +94,42 @@ def test_verification_leaves_the_raw_logits_untouched():
     VERIFY(logits, tensors, torch.tensor([0, 1, 2, 3, -1, 0, 1, 2]))
 
     assert torch.equal(logits, before)
+
+
+DRAFT_PROBS = [0.4, 0.3, 0.2, 0.1]
+
+
+def test_draft_model_proposals_verified_with_p_over_q_keep_the_target_distribution():
+    rows = 20_000
+    draft_tensors = build(rows, 4, temperature=1.0, seeds=range(rows), counters=7)
+    drafts, q = Sampler().draw(logits_of(DRAFT_PROBS, rows), draft_tensors)
+    target_tensors = build(rows, 4, temperature=1.0, seeds=range(rows), counters=7)
+
+    keeps, chosen = VERIFY(logits_of(PROBS, rows), target_tensors, drafts, q)
+
+    # The drafts themselves follow q, and what the rows emit follows p.
+    proposed = torch.bincount(drafts, minlength=4).double()
+    assert abs(proposed[0].item() / rows - DRAFT_PROBS[0]) < 0.02
+    counts = torch.bincount(emitted(keeps, chosen, drafts), minlength=4).double()
+    expected = torch.tensor(PROBS, dtype=torch.float64) * rows
+    statistic = float(((counts - expected) ** 2 / expected).sum())
+    assert statistic < chi2.isf(SIGNIFICANCE, df=3), counts.tolist()
+    # Acceptance is sum over d of q(d) min(1, p(d)/q(d)) = sum of min(p, q).
+    overlap = sum(min(p, q_) for p, q_ in zip(PROBS, DRAFT_PROBS, strict=True))
+    assert abs(keeps.double().mean().item() - overlap) < 0.02
+
+
+def test_a_greedy_draft_row_is_one_hot_and_drawn_from_its_own_stream():
+    tensors = build(3, 4, temperature=[0.0, 1.0, 1.0], seeds=[1, 2, 2], counters=[5, 5, 5])
+
+    tokens, q = Sampler().draw(logits_of(DRAFT_PROBS, 3), tensors)
+
+    assert tokens[0].item() == 0 and q[0].tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert torch.allclose(q[1], torch.tensor(DRAFT_PROBS), atol=1e-6)
+    assert tokens[1].item() == tokens[2].item()
+    # Same seed and position, other stream: drafts never reuse the target's noise.
+    draws = build(2000, 4, temperature=1.0, seeds=range(2000), counters=5)
+    assert not torch.equal(
+        Sampler().draw(logits_of(DRAFT_PROBS, 2000), draws)[0],
+        SAMPLE(logits_of(DRAFT_PROBS, 2000), draws),
+    )
