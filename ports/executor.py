@@ -15,8 +15,14 @@ class ModelExecutor(Protocol):
       sampling lane's record has role SAMPLE and emits what `domain.commit.commit_round`
       returns for the lane's sampled tokens, with that finish; a lane that only feeds prompt
       tokens has role PROMPT and emits nothing.
+    - A speculative lane (`SlotWork.speculative`) verifies its drafts (history drafts fed after
+      its last token, or `propose` drafts from the executor's draft model): its record has role
+      SPECULATIVE, `drafts offered` and `drafts accepted`, and emits what `commit_round`
+      returns for the accepted drafts plus the target's own next token, from
+      `first_emitted_position`. Greedy lanes keep drafts equal to the target's choice.
     - `read(f)` returns that frame's records and, for requesting lanes only, their decoded
-      logprob positions; the frame is free for reuse after it returns.
+      logprob positions (one per emitted token, from the raw target row that chose it); the
+      frame is free for reuse after it returns.
     - A seeded lane samples the same token whatever else is in the batch.
     - A scored plan (only when the geometry declares scored capacities) also scores each lane's
       rows against their prompt targets; it advances the cache exactly as prefill does.

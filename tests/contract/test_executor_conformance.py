@@ -73,14 +73,15 @@ class Lanes:
         logprobs: LogprobOptions | None = None,
         scored: bool = False,
         seed: int = 5,
+        drafts: tuple[int, ...] = (),
     ) -> SlotWork:
-        blocks = -(-(len(prompt) + remaining) // BLOCK)
+        blocks = -(-(len(prompt) + len(drafts) + remaining) // BLOCK)
         table = tuple(range(self._next_block, self._next_block + blocks))
         self._next_block += blocks
         return SlotWork(
             slot=slot,
             epoch=1,
-            token_ids=prompt,
+            token_ids=prompt + drafts,
             start_position=0,
             block_table=table,
             prompt_len=len(prompt),
@@ -91,6 +92,8 @@ class Lanes:
             remaining=remaining,
             logprobs=logprobs if sample else None,
             prompt_targets=tuple(prompt_targets(prompt, 0, len(prompt))) if scored else (),
+            speculative=bool(drafts),
+            drafts=drafts,
         )
 
 
@@ -215,3 +218,24 @@ def test_a_scored_plan_scores_every_row_against_its_target(executor):
         better = [a for a in score.alternatives if a.logprob > score.logprob]
         assert score.rank == len(better) + 1 or len(better) == 20
     assert result.records[0].tokens and result.lane_logprobs(0) is not None
+
+
+def test_a_speculative_lane_keeps_drafts_that_match_and_emits_one_more(executor):
+    tokens = prompt(15)
+    greedy = [run(executor, Lanes().work(0, tokens, remaining=8)).records[0].tokens[0]]
+    greedy.append(run(executor, Lanes().work(0, tokens + tuple(greedy))).records[0].tokens[0])
+    wrong = (greedy[0], (greedy[1] + 1) % 50 + 3)
+    asked = LogprobOptions(top_k=2)
+
+    kept = run(executor, Lanes().work(1, tokens, drafts=tuple(greedy), logprobs=asked))
+    fixed = run(executor, Lanes().work(1, tokens, drafts=wrong, logprobs=asked))
+
+    full, corrected = kept.records[0], fixed.records[0]
+    assert full.role is Role.SPECULATIVE and (full.drafts_offered, full.drafts_accepted) == (2, 2)
+    assert full.tokens[:2] == tuple(greedy) and len(full.tokens) == 3
+    assert (corrected.drafts_offered, corrected.drafts_accepted) == (2, 1)
+    assert corrected.tokens == tuple(greedy)  # the correction is the target's own token
+    assert full.first_position == corrected.first_position == len(tokens)
+    for result, record in ((kept, full), (fixed, corrected)):
+        payload = result.lane_logprobs(0)
+        assert [p.chosen.token_id for p in payload] == list(record.tokens)

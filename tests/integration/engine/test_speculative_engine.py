@@ -366,3 +366,34 @@ def test_a_draft_model_with_another_vocabulary_is_refused_at_load(tiny_model_dir
             RunnerSettings(device="cpu", max_model_len=128, kv_cache_bytes=4 << 20),
             EngineConfig(speculative=speculative),
         )
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_preemption_in_the_middle_of_speculation_loses_and_duplicates_nothing(
+    tiny_model_dir, drafts, method
+):
+    speculative = NGRAM if method == "ngram" else draft_config(drafts["near"])
+    engine, _ = spied_engine(tiny_model_dir, None)
+    requests = [
+        EngineRequest(f"p{i}", prompt, GREEDY, logprobs=LogprobAsk(wanted=True, count=2))
+        for i, prompt in enumerate(prompts(engine.vocab_size)[:8])
+    ]
+    roomy, _ = spied_engine(tiny_model_dir, None)
+    expected = drain(roomy, requests)
+
+    # 48 blocks of 4 positions (512 bytes each per model) hold fewer than eight sequences of
+    # about 65 positions: some must be preempted.
+    models = 1 if method == "ngram" else 2
+    tight, capture = spied_engine(
+        tiny_model_dir, speculative, kv_bytes=48 * 4 * 512 * models, max_model_len=96
+    )
+    found = drain(tight, requests)
+
+    restarts = [w for plan in capture.plans for w in plan.works if w.start_position == 0]
+    assert len(restarts) > len(requests), "the pool never forced a re-prefill"
+    assert sum(r.drafts_accepted for r in capture.records(Role.SPECULATIVE)) > 0
+    for name, items in expected.items():
+        assert tokens(found[name]) == tokens(items), name
+        assert [e.chosen.token_id for e in entries(found[name])] == [
+            e.chosen.token_id for e in entries(items)
+        ]
