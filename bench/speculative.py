@@ -163,6 +163,7 @@ def main() -> None:
                     batch,
                     off,
                     on,
+                    statistics.median(ratios),
                     accepted / max(offered, 1),
                     1 + accepted / max(rounds, 1),
                 )
