@@ -68,6 +68,13 @@ class NotReadyError(DomainError):
     type = "ServiceUnavailableError"
 
 
+class UnhealthyError(DomainError):
+    """The model can no longer run (a tensor-parallel peer failed); the worker restarts."""
+
+    status = 503
+    type = "ServiceUnavailableError"
+
+
 class LogprobDataError(Exception):
     """A frame's payload for a requesting lane is missing or disagrees with its record; the
     request fails (never silently without an entry)."""

@@ -6,6 +6,10 @@ gunicorn has forked, so no model or device state ever crosses a fork.
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
+
 import falcon.asgi
 
 from adapters.cli import bootstrap
@@ -15,6 +19,20 @@ from adapters.http.serving import HttpSettings, ModelHolder, ServedModel
 from adapters.metrics.prometheus import PrometheusMetrics
 from domain.engine import EngineConfig, EngineLoop
 from ports.metrics import EngineObserver
+
+_log = logging.getLogger(__name__)
+# After a tensor-parallel world breaks, the worker keeps answering (failed requests, an
+# unhealthy /health) this long, then exits with this status so that gunicorn starts a fresh
+# worker and world. 3 and 4 would make gunicorn halt instead.
+FAILURE_GRACE_S = 2.0
+FAILURE_EXIT_STATUS = 70
+
+
+def _exit_after_failure(message: str) -> None:
+    _log.critical("the model can no longer run (%s); exiting in %.0f s", message, FAILURE_GRACE_S)
+    timer = threading.Timer(FAILURE_GRACE_S, os._exit, (FAILURE_EXIT_STATUS,))
+    timer.daemon = True
+    timer.start()
 
 
 def load_served_model(config: ServeConfig, observer: EngineObserver | None = None) -> ServedModel:
@@ -29,15 +47,23 @@ def load_served_model(config: ServeConfig, observer: EngineObserver | None = Non
         ),
         config.served_model_name,
         observer,
+        parallel=config.parallel,
+        on_failure=_exit_after_failure,
     )
     loop = EngineLoop(loaded.engine)
     loop.start()
+
+    def stop() -> None:
+        loop.stop()
+        loaded.close()
+
     return ServedModel(
         name=loaded.name,
         tokenizer=loaded.tokenizer,
         engine=loaded.engine,
         allow_logprobs=loaded.engine.logprob_top_k > 0,
-        stop=loop.stop,
+        stop=stop,
+        failure=loaded.failure,
     )
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from adapters.core.export import resolve_core
-from adapters.gpu.factory import RunnerSettings, build_executor
+from adapters.gpu.factory import ExecutorRecipe, RunnerSettings
 from adapters.gpu.loading.default_model import resolve_model_dir
+from adapters.gpu.parallel.launch import ParallelLaunch, start_world
 from adapters.tokenizer.hf import HfTokenizer
 from domain.engine import Engine, EngineConfig
 from domain.speculation import SpeculativeConfig
@@ -24,6 +26,10 @@ class LoadedModel:
     tokenizer: HfTokenizer
     name: str
     model_dir: Path
+    # Why the model can no longer run (a tensor-parallel peer failed), or None while it can.
+    failure: Callable[[], str | None] = lambda: None
+    # Releases what the engine holds beyond this process (tensor-parallel peers).
+    close: Callable[[], None] = field(default=lambda: None)
 
 
 def load(
@@ -32,9 +38,14 @@ def load(
     engine_config: EngineConfig,
     served_model_name: str | None = None,
     observer: EngineObserver | None = None,
+    parallel: ParallelLaunch | None = None,
+    on_failure: Callable[[str], None] = lambda message: None,
 ) -> LoadedModel:
     """Resolves the model (None means the embedded SmolLM2), loads it and builds the engine;
-    `observer` receives the engine's step stats."""
+    `observer` receives the engine's step stats.
+
+    With `runner.tensor_parallel_size` > 1 this process becomes rank 0 of a world started as
+    `parallel` says; `on_failure` hears once if the world breaks."""
     core = resolve_core(
         model,
         max_num_seqs=runner.max_num_seqs,
@@ -43,7 +54,7 @@ def load(
     )
     model_dir = core.model_dir
     tokenizer = HfTokenizer.from_dir(model_dir)
-    executor = build_executor(
+    recipe = ExecutorRecipe(
         model_dir,
         runner,
         tokenizer.vocab_size,
@@ -52,13 +63,21 @@ def load(
         token_capacity=core.token_capacity,
         draft_dir=_draft_dir(engine_config.speculative, tokenizer),
     )
-    engine = Engine(
-        executor,
+    config = replace(engine_config, max_num_seqs=runner.max_num_seqs)
+    name = served_name(model, served_model_name)
+    if runner.tensor_parallel_size == 1:
+        engine = Engine(recipe.build(), tokenizer, config, observer=observer)
+        return LoadedModel(engine, tokenizer, name, model_dir)
+    world = start_world(recipe, parallel, on_failure=on_failure)
+    engine = Engine(world.executor, tokenizer, config, observer=observer)
+    return LoadedModel(
+        engine,
         tokenizer,
-        replace(engine_config, max_num_seqs=runner.max_num_seqs),
-        observer=observer,
+        name,
+        model_dir,
+        failure=lambda: world.executor.failure,
+        close=world.close,
     )
-    return LoadedModel(engine, tokenizer, served_name(model, served_model_name), model_dir)
 
 
 def _draft_dir(speculative: SpeculativeConfig | None, tokenizer: HfTokenizer) -> Path | None:

@@ -7,7 +7,12 @@ import sys
 import uuid
 
 from adapters.cli import bootstrap
-from adapters.cli.runner_args import add_runner_arguments, engine_config, runner_settings
+from adapters.cli.runner_args import (
+    add_runner_arguments,
+    engine_config,
+    parallel_launch,
+    runner_settings,
+)
 from domain.engine_request import EngineRequest
 from domain.errors import DomainError
 from domain.outputs import ChoiceDelta, RequestEnd
@@ -32,7 +37,16 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    loaded = bootstrap.load(args.model, runner_settings(args), engine_config(args))
+    loaded = bootstrap.load(
+        args.model, runner_settings(args), engine_config(args), parallel=parallel_launch(args)
+    )
+    try:
+        return _generate(args, loaded)
+    finally:
+        loaded.close()
+
+
+def _generate(args: argparse.Namespace, loaded: bootstrap.LoadedModel) -> int:
     tokenizer = loaded.tokenizer
     if args.chat:
         text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])

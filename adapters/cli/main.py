@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from adapters.cli import export, generate, serve
+from adapters.cli import export, generate, serve, tp_worker
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -15,6 +15,7 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_parser(commands)
     serve.add_parser(commands)
     export.add_parser(commands)
+    tp_worker.add_parser(commands)
     return parser
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from adapters.gpu.factory import RunnerSettings
+from adapters.gpu.parallel.launch import ParallelLaunch
 from domain.engine import EngineConfig
 from domain.speculation import SpeculativeConfig, SpeculativeConfigError
 
@@ -43,6 +44,30 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
         "An exported core must declare it (helios export --prompt-logprobs)",
     )
     parser.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=1,
+        help="ranks that share the model (torch.distributed: NCCL on GPUs, gloo on CPUs); "
+        "rank 0 serves, the others are spawned here or join with `helios tp-worker`",
+    )
+    parser.add_argument(
+        "--tensor-parallel-local-ranks",
+        type=int,
+        default=None,
+        metavar="M",
+        help="ranks 0..M-1 run on this machine (default: all); ranks M.. start elsewhere with "
+        "`helios tp-worker` and meet at MASTER_ADDR:MASTER_PORT",
+    )
+    parser.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long a tensor-parallel exchange waits for a peer before the step fails "
+        "(start-up included)",
+    )
+    parser.add_argument(
         "--speculative-config",
         type=_speculative_config,
         default=None,
@@ -71,6 +96,13 @@ def runner_settings(args: argparse.Namespace) -> RunnerSettings:
         block_size=args.block_size,
         logprobs_backend=args.logprobs_backend,
         prompt_logprobs=args.prompt_logprobs,
+        tensor_parallel_size=args.tensor_parallel_size,
+    )
+
+
+def parallel_launch(args: argparse.Namespace) -> ParallelLaunch:
+    return ParallelLaunch(
+        local_ranks=args.tensor_parallel_local_ranks, timeout_s=args.collective_timeout
     )
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
-from adapters.cli.runner_args import add_runner_arguments, runner_settings
+from adapters.cli.runner_args import add_runner_arguments, parallel_launch, runner_settings
 from adapters.cli.serve_config import ENVIRONMENT_VARIABLE, ServeConfig
 from adapters.metrics.registry import clear_multiprocess_directory, forget_process
 
@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
             args.speculative_config.to_json() if args.speculative_config is not None else None
         ),
         runner=runner_settings(args),
+        parallel=parallel_launch(args),
     )
     os.environ[ENVIRONMENT_VARIABLE] = config.to_environment()
     clear_multiprocess_directory()

@@ -7,6 +7,7 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from adapters.gpu.factory import RunnerSettings
+from adapters.gpu.parallel.launch import ParallelLaunch
 from domain.speculation import SpeculativeConfig
 
 ENVIRONMENT_VARIABLE = "HELIOS_SERVE_CONFIG"
@@ -24,6 +25,7 @@ class ServeConfig:
     # `--speculative-config` as JSON (domain.speculation.SpeculativeConfig.to_json), or None.
     speculative_config: str | None = None
     runner: RunnerSettings = field(default_factory=RunnerSettings)
+    parallel: ParallelLaunch = field(default_factory=ParallelLaunch)
 
     @property
     def speculative(self) -> SpeculativeConfig | None:
@@ -41,4 +43,5 @@ class ServeConfig:
             return cls()
         values = json.loads(raw)
         runner = RunnerSettings(**values.pop("runner"))
-        return cls(runner=runner, **values)
+        parallel = ParallelLaunch(**values.pop("parallel", {}))
+        return cls(runner=runner, parallel=parallel, **values)

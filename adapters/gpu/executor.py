@@ -12,10 +12,15 @@ from adapters.gpu.logprobs.completion_outputs import CompletionOutputs
 from adapters.gpu.model.decoder import DecoderModel
 from adapters.gpu.model.forward_batch import ForwardBatch, SequenceChunk
 from adapters.gpu.model.kv_cache import PagedKVCache
+from adapters.gpu.parallel.collectives import Collectives
+from adapters.gpu.parallel.prompt_scorer import VocabParallelPromptScorer
+from adapters.gpu.parallel.sampling_lanes import ShardRows
+from adapters.gpu.parallel.shards import VocabShard
 from adapters.gpu.sampling.penalty_state import PenaltyState
 from adapters.gpu.sampling.rows import lane_rows, sampling_tensors
 from adapters.gpu.sampling.sampler import Sampler
 from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
+from adapters.gpu.scoring.prompt_scorer import PromptScorer
 from adapters.gpu.speculation.draft_runner import DraftRunner
 from domain.commit import commit_round
 from domain.prompt_scores import PROMPT_ROW_WORDS
@@ -44,6 +49,12 @@ class TorchExecutor:
     drafts, from scratch copies; commit one record per lane through the shared commit rule;
     only then reduce the raw logits of the emitted positions into the logprob frame. Frames
     alternate 0, 1, 0, ...
+
+    A model split over tensor-parallel ranks (`model.split`) makes this one rank's executor:
+    every rank submits the same plans, holds its vocabulary shard of the logits, samples and
+    verifies through the sharded exchanges, takes rank 0's outcome (the acceptance broadcast)
+    and reduces its shard through the vocabulary-parallel logprob reducer and prompt scorer.
+    Only rank 0 reads frames back.
     """
 
     def __init__(
@@ -61,16 +72,34 @@ class TorchExecutor:
         self._kv_cache = kv_cache
         self._geometry = geometry
         self._device = device
-        self._sampler = Sampler()
-        self._penalties = PenaltyState(geometry.capacity, geometry.vocab_size, device)
-        # Two frames so a reader can hold one while the next submission writes the other.
-        self._outputs = CompletionOutputs(geometry, device, logprobs_backend)
-        # Scoring storage exists only when the geometry declares scored capacities.
-        self._scores = (
-            PromptScoreFrames(geometry.scored_capacities, geometry.vocab_size, device)
-            if geometry.scores_prompts
-            else None
+        self._collectives: Collectives | None = model.collectives
+        split = model.split
+        self._lanes = (0, geometry.vocab_size) if split is None else split.vocab
+        if split is not None and self._collectives is not None:
+            shard = VocabShard.of(
+                geometry.vocab_size, split.rank, split.world_size, 1 << 30, "sampling"
+            )
+            self._sampler = Sampler(ShardRows(shard, self._collectives))
+        else:
+            self._sampler = Sampler()
+        self._penalties = PenaltyState(
+            geometry.capacity, geometry.vocab_size, device, lanes=self._lanes
         )
+        # Two frames so a reader can hold one while the next submission writes the other.
+        self._outputs = CompletionOutputs(
+            geometry, device, logprobs_backend, split=split, collectives=self._collectives
+        )
+        # Scoring storage exists only when the geometry declares scored capacities.
+        self._scores = None
+        if geometry.scores_prompts:
+            scorer: PromptScorer | VocabParallelPromptScorer = PromptScorer(geometry.vocab_size)
+            if split is not None:
+                scorer = VocabParallelPromptScorer(
+                    geometry.vocab_size, split.rank, split.world_size, self._collectives
+                )
+            self._scores = PromptScoreFrames(
+                geometry.scored_capacities, geometry.vocab_size, device, scorer
+            )
         self._next_frame = 0
 
     @property
@@ -138,31 +167,47 @@ class TorchExecutor:
         selected = torch.tensor(rows, dtype=torch.int64, device=self._device)
         raw_logits = self._model.compute_logits(hidden[selected])  # [R, V_model] float32
         self._outputs.upload(frame, sampling)
-        logits = raw_logits[:, : self._geometry.vocab_size]
+        start, stop = self._lanes
+        logits = raw_logits[:, : stop - start]
         sampled_rows = [
             row for w, d in zip(sampling, drafts, strict=True) for row in lane_rows(w, d)
         ]
         tensors = sampling_tensors(
-            sampled_rows, self._geometry.vocab_size, self._device, self._penalties
+            sampled_rows, self._geometry.vocab_size, self._device, self._penalties, self._lanes
         )
         if not any(work.speculative for work in sampling):
-            plain = self._sampler.sample(logits, tensors).tolist()
+            (chosen,) = self._agree(self._sampler.sample(logits, tensors))
             return _Round(
                 raw_logits,
                 tuple(first_rows),
                 tuple(drafts),
-                tuple((t,) for t in plain),
+                tuple((t,) for t in chosen.tolist()),
                 (0,) * len(sampling),
             )
         # A row's draft is the token fed after it; a lane's last row has none (-1).
         row_drafts = [draft for lane in drafts for draft in (*lane, -1)]
-        keeps, chosen = self._sampler.verify(
-            logits,
-            tensors,
-            torch.tensor(row_drafts, dtype=torch.int64, device=self._device),
-            None if q is None else _row_probs(q, drafts, len(rows)),
+        keeps, chosen = self._agree(
+            *self._sampler.verify(
+                logits,
+                tensors,
+                torch.tensor(row_drafts, dtype=torch.int64, device=self._device),
+                None if q is None else _row_probs(q[:, start:stop], drafts, len(rows)),
+            )
         )
         return _verdicts(drafts, first_rows, raw_logits, keeps.tolist(), chosen.tolist())
+
+    def _agree(self, *outcome: torch.Tensor) -> list[torch.Tensor]:
+        """The acceptance broadcast: every rank commits rank 0's verdicts and tokens ([R] each).
+
+        The exchanges already give every rank the same winners; taking rank 0's outcome makes
+        agreement a property of the protocol rather than of identical arithmetic.
+        """
+        if self._collectives is None:
+            return list(outcome)
+        words = torch.cat([part.to(torch.int64) for part in outcome]).contiguous()
+        self._collectives.broadcast(words, "acceptance")
+        parts = words.split([part.shape[0] for part in outcome])
+        return [part.to(like.dtype) for part, like in zip(parts, outcome, strict=True)]
 
     def _drafts(
         self, sampling: list[SlotWork]

@@ -11,6 +11,8 @@ from adapters.gpu.executor import TorchExecutor
 from adapters.gpu.loading.weights import load_model
 from adapters.gpu.model.config import ModelConfig
 from adapters.gpu.model.kv_cache import PagedKVCache
+from adapters.gpu.parallel.collectives import Collectives
+from adapters.gpu.parallel.split import RankSplit, split_model
 from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
 from adapters.gpu.speculation.draft_runner import DraftRunner
 from domain.blocks import blocks_needed
@@ -37,6 +39,8 @@ class RunnerSettings:
     logprobs_backend: str = "auto"
     # Serve prompt scoring (plain model directories; an exported core declares its own).
     prompt_logprobs: bool = False
+    # Ranks that share the model (vLLM's --tensor-parallel-size).
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
@@ -50,10 +54,19 @@ class RunnerSettings:
             )
         if self.max_num_seqs < 1 or self.block_size < 1:
             raise ValueError("max_num_seqs and block_size must be positive")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(
+                f"tensor_parallel_size must be positive, got {self.tensor_parallel_size}"
+            )
 
-    def resolve_device(self) -> torch.device:
+    def resolve_device(self, local_rank: int = 0) -> torch.device:
+        """The device of the rank with `local_rank` on its machine (cuda:local_rank on GPUs)."""
         if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            if torch.cuda.is_available():
+                return torch.device("cuda", local_rank)
+            return torch.device("cpu")
+        if self.device == "cuda":
+            return torch.device("cuda", local_rank)
         return torch.device(self.device)
 
     def resolve_logprobs_backend(self, device: torch.device) -> str:
@@ -96,23 +109,36 @@ def build_executor(
     capacity: int | None = None,
     token_capacity: int | None = None,
     draft_dir: Path | None = None,
+    collectives: Collectives | None = None,
+    local_rank: int = 0,
 ) -> TorchExecutor:
     """Loads the weights and sizes the KV pool; `vocab_size` is the tokenizer's real vocabulary.
 
     A core fixes the logprob capability (prompt scoring included), the padded slot capacity and
     T; a plain model directory serves the complete bundle (K = 20 natural alternatives plus
     selected IDs), as every export does, with the capacity padded up from `--max-num-seqs`.
+
+    With `collectives` over several ranks this builds that rank's executor: its split of the
+    model, a KV pool of as many blocks as every rank (sized by the rank holding the most key/
+    value heads), and a whole copy of any draft model. Every rank calls this with the same
+    arguments, in step: building runs collectives.
     """
-    device = settings.resolve_device()
+    device = settings.resolve_device(local_rank)
     dtype = settings.resolve_dtype(device)
     config = ModelConfig.from_dir(model_dir)
+    split: RankSplit | None = None
+    widest = config
+    if collectives is not None and collectives.world_size > 1:
+        splits = split_model(config, collectives.world_size, min(vocab_size, config.vocab_size))
+        split = splits[collectives.rank]
+        widest = max((s.local_config(config) for s in splits), key=lambda c: c.num_key_value_heads)
     capacity = capacity or padded_capacity(settings.max_num_seqs)
     if settings.max_num_seqs > capacity:
         raise ValueError(
             f"--max-num-seqs {settings.max_num_seqs} exceeds the core's slot "
             f"capacity {capacity}; export the core with a larger --max-num-seqs"
         )
-    model = load_model(model_dir, dtype=dtype, device=device)
+    model = load_model(model_dir, dtype=dtype, device=device, split=split, collectives=collectives)
     max_model_len = settings.max_model_len or config.max_position_embeddings
     if max_model_len > config.max_position_embeddings:
         raise ValueError(
@@ -128,18 +154,18 @@ def build_executor(
     if draft_config is not None:
         check_draft_vocabulary(draft_config, vocab_size)
         # The draft's cache has the target's blocks, so a block costs both models' bytes.
-        per_block = PagedKVCache.bytes_per_block(config, settings.block_size, dtype)
+        per_block = PagedKVCache.bytes_per_block(widest, settings.block_size, dtype)
         per_block += PagedKVCache.bytes_per_block(draft_config, settings.block_size, dtype)
         num_blocks = budget // per_block
     else:
-        num_blocks = PagedKVCache.blocks_for_budget(config, budget, settings.block_size, dtype)
+        num_blocks = PagedKVCache.blocks_for_budget(widest, budget, settings.block_size, dtype)
     if num_blocks < blocks_needed(max_model_len, settings.block_size):
         raise ValueError(
             f"a KV budget of {budget} bytes holds {num_blocks * settings.block_size} "
             f"positions, less than one sequence of {max_model_len}; "
             f"lower --max-model-len or raise the KV budget"
         )
-    kv_cache = PagedKVCache.allocate(config, num_blocks, settings.block_size, dtype, device)
+    kv_cache = PagedKVCache.allocate(model.config, num_blocks, settings.block_size, dtype, device)
     geometry = ExecutorGeometry(
         capacity=capacity,
         block_size=settings.block_size,
@@ -158,7 +184,9 @@ def build_executor(
         draft_cache = PagedKVCache.allocate(
             draft_config, num_blocks, settings.block_size, dtype, device
         )
-        draft = DraftRunner(draft_model, draft_cache, geometry.vocab_size, device)
+        draft = DraftRunner(
+            draft_model, draft_cache, geometry.vocab_size, device, model.collectives
+        )
     return TorchExecutor(model, kv_cache, geometry, device, logprobs_backend=backend, draft=draft)
 
 
@@ -168,4 +196,31 @@ def check_draft_vocabulary(draft_config: ModelConfig, vocab_size: int) -> None:
         raise ValueError(
             f"the draft model's vocabulary ({draft_config.vocab_size} tokens) is smaller than "
             f"the target's ({vocab_size}); a draft model must share the target's vocabulary"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorRecipe:
+    """`build_executor`'s arguments as one value, which rank 0 sends to every peer so that all
+    ranks build the same executor (the model directory must be at the same path on each)."""
+
+    model_dir: Path
+    settings: RunnerSettings
+    vocab_size: int
+    capability: LogprobCapability = FULL_LOGPROBS
+    capacity: int | None = None
+    token_capacity: int | None = None
+    draft_dir: Path | None = None
+
+    def build(self, collectives: Collectives | None = None, local_rank: int = 0) -> TorchExecutor:
+        return build_executor(
+            self.model_dir,
+            self.settings,
+            self.vocab_size,
+            capability=self.capability,
+            capacity=self.capacity,
+            token_capacity=self.token_capacity,
+            draft_dir=self.draft_dir,
+            collectives=collectives,
+            local_rank=local_rank,
         )

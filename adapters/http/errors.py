@@ -7,7 +7,7 @@ import logging
 import falcon
 import falcon.asgi
 
-from domain.errors import DomainError, NotReadyError, OverloadedError
+from domain.errors import DomainError, NotReadyError, OverloadedError, UnhealthyError
 from domain.presentation import error_object
 from ports.metrics import RejectionObserver
 
@@ -49,6 +49,8 @@ def rejection_reason(error: DomainError) -> str:
         return "overloaded"
     if isinstance(error, NotReadyError):
         return "not_ready"
+    if isinstance(error, UnhealthyError):
+        return "unhealthy"
     return _REASONS.get(error.status, f"status_{error.status}")
 
 

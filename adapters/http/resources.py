@@ -12,7 +12,7 @@ from adapters.http.body import read_json
 from adapters.http.fields import read_bool, read_int_list, read_object, read_str
 from adapters.http.parsing import chat_request
 from adapters.http.serving import HttpSettings, ModelHolder, ServedModel
-from domain.errors import InvalidRequestError
+from domain.errors import InvalidRequestError, UnhealthyError
 from domain.presentation import model_list
 from domain.ranges import check_token_ids
 
@@ -36,7 +36,9 @@ class HealthResource:
         self._holder = holder
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        self._holder.served  # noqa: B018 - raises 503 while the model loads
+        failure = self._holder.served.failure()  # raises 503 while the model loads
+        if failure is not None:
+            raise UnhealthyError(f"the model can no longer run: {failure}")
         resp.status = falcon.HTTP_200
         resp.content_type = falcon.MEDIA_TEXT
         resp.text = ""

@@ -22,6 +22,8 @@ class ServedModel:
     allow_logprobs: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
     stop: Callable[[], None] = lambda: None
+    # Why the model can no longer run, or None while it can (`/health` reports it).
+    failure: Callable[[], str | None] = lambda: None
 
     def check_model(self, name: str | None) -> None:
         """A request may name the served model or none; any other name is a 404, as in vLLM."""

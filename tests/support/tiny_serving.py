@@ -86,3 +86,30 @@ def build_draft_model_dir(
     }
     save_file(moved, path, metadata={"format": "pt"})
     return directory
+
+
+# Three normalizer tiles, the last one short: 2 ranks hold 2048 + 452 IDs, 3 ranks 1024 + 1024 +
+# 452, so no split is even.
+PARALLEL_VOCAB = 2500
+
+
+def build_parallel_model_dir(
+    directory: Path, *, family: str = "llama", seed: int = 0, **overrides: object
+) -> Path:
+    """A tiny model whose every split is uneven: 6 query heads over 3 key/value heads (2 ranks
+    hold 2 + 1 of them), 160 MLP columns and a 2500-token vocabulary (neither divides by 2 or
+    3), with biases where the family has them; `overrides` reach the transformers config."""
+    from tests.support.tokenizers import build_byte_level_bpe, syllable_corpus
+
+    builder = {"llama": build_tiny_llama, "qwen2": build_tiny_qwen2}[family]
+    shape = {
+        "hidden_size": 96,
+        "intermediate_size": 160,
+        "num_attention_heads": 6,
+        "num_key_value_heads": 3,
+        "head_dim": 16,
+    }
+    shape.update(overrides)  # type: ignore[arg-type]
+    builder(directory, vocab_size=PARALLEL_VOCAB, seed=seed, **shape)
+    build_byte_level_bpe(directory, vocab_size=PARALLEL_VOCAB, corpus=syllable_corpus())
+    return directory

@@ -40,8 +40,11 @@ _CORPUS_WORDS = (
 )
 
 
-def build_byte_level_bpe(directory: Path, *, vocab_size: int = 320) -> None:
-    """A GPT-2 style byte-level BPE with exactly `vocab_size` IDs, written into `directory`."""
+def build_byte_level_bpe(
+    directory: Path, *, vocab_size: int = 320, corpus: list[str] | None = None
+) -> None:
+    """A GPT-2 style byte-level BPE with exactly `vocab_size` IDs, written into `directory`;
+    `corpus` (default: the multi-script words) must hold enough distinct text for the merges."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     minimum = len(SPECIAL_TOKENS) + BYTE_PIECE_COUNT + 1
@@ -56,7 +59,7 @@ def build_byte_level_bpe(directory: Path, *, vocab_size: int = 320) -> None:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(_corpus(), trainer)
+    tokenizer.train_from_iterator(corpus or _corpus(), trainer)
     _write_model_dir(directory, tokenizer, add_bos_token=False)
     _check_vocab_size(directory, vocab_size)
 
@@ -170,3 +173,16 @@ def _check_vocab_size(directory: Path, wanted: int) -> None:
     built = tokenizer_vocab_size(directory)
     if built != wanted:
         raise ValueError(f"built a tokenizer of {built} IDs, wanted {wanted}: enlarge the corpus")
+
+
+def syllable_corpus(lines: int = 3000, seed: int = 7) -> list[str]:
+    """Made-up words of random syllables plus the multi-script words: enough distinct text for
+    a few thousand BPE merges."""
+    chooser = random.Random(seed)
+    syllables = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"] + ["qu", "th", "sh", "ch"]
+    words = _CORPUS_WORDS.split()
+    text = []
+    for _ in range(lines):
+        made = ["".join(chooser.choices(syllables, k=chooser.randint(1, 4))) for _ in range(10)]
+        text.append(" ".join(made + chooser.choices(words, k=3)))
+    return text

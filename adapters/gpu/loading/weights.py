@@ -13,6 +13,8 @@ from safetensors import safe_open
 
 from adapters.gpu.model.config import ModelConfig
 from adapters.gpu.model.decoder import DecoderLayer, DecoderModel
+from adapters.gpu.parallel.collectives import Collectives
+from adapters.gpu.parallel.split import RankSplit
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -28,9 +30,15 @@ class MissingTensorError(KeyError):
 
 
 def load_model(
-    model_dir: Path | str, *, dtype: torch.dtype, device: torch.device | str
+    model_dir: Path | str,
+    *,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    split: RankSplit | None = None,
+    collectives: Collectives | None = None,
 ) -> DecoderModel:
-    """Reads `config.json` and the safetensors weights (single file or sharded) of `model_dir`."""
+    """Reads `config.json` and the safetensors weights (single file or sharded) of `model_dir`;
+    with a `split`, only this rank's part of each tensor is kept."""
     model_dir = Path(model_dir)
     config = ModelConfig.from_dir(model_dir)
     files, owner = _checkpoint_files(model_dir)
@@ -48,22 +56,56 @@ def load_model(
                 raise MissingTensorError(f"checkpoint in {model_dir} lacks tensor {key!r}")
             return handles[file_name].get_tensor(key)
 
-        return build_model(config, source, dtype=dtype, device=device)
+        return build_model(
+            config, source, dtype=dtype, device=device, split=split, collectives=collectives
+        )
+
+
+# Which slice of a checkpoint tensor a rank keeps: (dimension, [start, stop)) or None (all).
+_Cut = tuple[int, tuple[int, int]] | None
+
+
+def _cuts(config: ModelConfig, split: RankSplit | None) -> dict[str, _Cut]:
+    """Per tensor role, the rows or columns this rank keeps (all of them without a split)."""
+    if split is None or split.whole:
+        return dict.fromkeys(("q", "kv", "o", "inner", "down", "vocab"))
+    head_dim = config.head_dim
+
+    def heads(span: tuple[int, int]) -> tuple[int, int]:
+        return span[0] * head_dim, span[1] * head_dim
+
+    return {
+        "q": (0, heads(split.query_heads)),
+        "kv": (0, heads(split.kv_heads)),
+        "o": (1, heads(split.query_heads)),
+        "inner": (0, split.inner),
+        "down": (1, split.inner),
+        "vocab": (0, split.vocab),
+    }
 
 
 def build_model(
-    config: ModelConfig, source: TensorSource, *, dtype: torch.dtype, device: torch.device | str
+    config: ModelConfig,
+    source: TensorSource,
+    *,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    split: RankSplit | None = None,
+    collectives: Collectives | None = None,
 ) -> DecoderModel:
     """Fills a new `DecoderModel` from tensors named as in Hugging Face Llama checkpoints.
 
     `source(name)` returns the tensor with that name or raises `MissingTensorError` (a KeyError);
-    other loaders (GGUF) reuse this by renaming their tensors to the HF names.
+    other loaders (GGUF) reuse this by renaming their tensors to the HF names. A `split` keeps
+    this rank's heads, MLP columns and vocabulary lanes of each tensor.
     """
     device = torch.device(device)
-    model = DecoderModel(config, dtype=dtype, device=device)
+    model = DecoderModel(config, dtype=dtype, device=device, split=split, collectives=collectives)
+    cuts = _cuts(config, split)
 
-    def fill(target: torch.Tensor, names: Iterable[str]) -> None:
-        parts = [_fetch(source, name) for name in names]
+    def fill(target: torch.Tensor, names: Iterable[str], role: str | None = None) -> None:
+        cut = cuts[role] if role is not None else None
+        parts = [_cut(_fetch(source, name), cut) for name in names]
         tensor = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
         if tuple(tensor.shape) != tuple(target.shape):
             raise ValueError(
@@ -72,11 +114,22 @@ def build_model(
             )
         target.copy_(tensor)
 
+    def fill_qkv(target: torch.Tensor, attention: str, suffix: str) -> None:
+        parts = [_cut(_fetch(source, f"{attention}q_proj.{suffix}"), cuts["q"])]
+        parts += [_cut(_fetch(source, f"{attention}{p}_proj.{suffix}"), cuts["kv"]) for p in "kv"]
+        tensor = torch.cat(parts, dim=0)
+        if tuple(tensor.shape) != tuple(target.shape):
+            raise ValueError(
+                f"tensors {attention}q/k/v_proj.{suffix} give shape {tuple(tensor.shape)}, "
+                f"expected {tuple(target.shape)}"
+            )
+        target.copy_(tensor)
+
     with torch.no_grad():
-        fill(model.embed_weight, ["model.embed_tokens.weight"])
+        fill(model.embed_weight, ["model.embed_tokens.weight"], "vocab")
         fill(model.norm_weight, ["model.norm.weight"])
         if not config.tie_word_embeddings:
-            fill(model.lm_head_weight, ["lm_head.weight"])
+            fill(model.lm_head_weight, ["lm_head.weight"], "vocab")
         for index, module in enumerate(model.layers):
             layer = cast(DecoderLayer, module)
             prefix = f"model.layers.{index}."
@@ -84,19 +137,27 @@ def build_model(
             mlp = prefix + "mlp."
             fill(layer.input_norm, [prefix + "input_layernorm.weight"])
             fill(layer.post_attention_norm, [prefix + "post_attention_layernorm.weight"])
-            fill(layer.qkv_weight, [f"{attention}{p}_proj.weight" for p in "qkv"])
+            fill_qkv(layer.qkv_weight, attention, "weight")
             if layer.qkv_bias is not None:
-                fill(layer.qkv_bias, [f"{attention}{p}_proj.bias" for p in "qkv"])
-            fill(layer.output_weight, [attention + "o_proj.weight"])
+                fill_qkv(layer.qkv_bias, attention, "bias")
+            fill(layer.output_weight, [attention + "o_proj.weight"], "o")
             if layer.output_bias is not None:
                 fill(layer.output_bias, [attention + "o_proj.bias"])
-            fill(layer.gate_up_weight, [mlp + "gate_proj.weight", mlp + "up_proj.weight"])
+            gate_up = [mlp + "gate_proj.weight", mlp + "up_proj.weight"]
+            fill(layer.gate_up_weight, gate_up, "inner")
             if layer.gate_up_bias is not None:
-                fill(layer.gate_up_bias, [mlp + "gate_proj.bias", mlp + "up_proj.bias"])
-            fill(layer.down_weight, [mlp + "down_proj.weight"])
+                fill(layer.gate_up_bias, [mlp + "gate_proj.bias", mlp + "up_proj.bias"], "inner")
+            fill(layer.down_weight, [mlp + "down_proj.weight"], "down")
             if layer.down_bias is not None:
                 fill(layer.down_bias, [mlp + "down_proj.bias"])
     return model.eval()
+
+
+def _cut(tensor: torch.Tensor, cut: _Cut) -> torch.Tensor:
+    if cut is None:
+        return tensor
+    dim, (start, stop) = cut
+    return tensor.narrow(dim, start, stop - start)
 
 
 def _fetch(source: TensorSource, name: str) -> torch.Tensor:

@@ -8,6 +8,9 @@ import torch
 
 from adapters.gpu.logprobs.reducer import LogprobReducer, ReductionInputs
 from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer
+from adapters.gpu.parallel.collectives import Collectives
+from adapters.gpu.parallel.reference_reducer import VocabParallelLogprobReducer
+from adapters.gpu.parallel.split import RankSplit
 from domain.logprobs import (
     FULL_POSITION_WORDS,
     MAX_SELECTED_IDS,
@@ -49,12 +52,20 @@ class CompletionOutputs:
     """
 
     def __init__(
-        self, geometry: ExecutorGeometry, device: torch.device, backend: str = "reference"
+        self,
+        geometry: ExecutorGeometry,
+        device: torch.device,
+        backend: str = "reference",
+        *,
+        split: RankSplit | None = None,
+        collectives: Collectives | None = None,
     ) -> None:
         capacity, tokens = geometry.capacity, geometry.token_capacity
         self._geometry = geometry
         self._device = device
         self._top_k = geometry.logprob_top_k
+        # The logits lanes this rank reduces: the vocabulary, or its shard of it.
+        self._width = geometry.vocab_size if split is None else split.vocab[1] - split.vocab[0]
         self._records = torch.zeros((2, capacity, HEADER_WORDS + tokens), dtype=torch.int64)
         self._lanes: list[tuple[int, ...]] = [(), ()]
         self._requests: list[_FrameRequests | None] = [None, None]
@@ -74,7 +85,7 @@ class CompletionOutputs:
                 else None,
                 counts=torch.zeros(capacity, dtype=torch.int32, device=device) if selects else None,
             )
-            self._reducer = _reducer(backend, geometry.vocab_size, self._top_k)
+            self._reducer = _reducer(backend, geometry.vocab_size, self._top_k, split, collectives)
             self._prepare(self.buffers)
 
     @property
@@ -97,9 +108,7 @@ class CompletionOutputs:
         """Sizes the reducer's workspaces and runs it once on a scratch frame, so any kernel
         compilation happens at start-up (before capture), never while serving."""
         self._reducer.reserve(self._geometry.capacity, self._device)
-        logits = torch.zeros(
-            (1, self._geometry.vocab_size), dtype=torch.float32, device=self._device
-        )
+        logits = torch.zeros((1, self._width), dtype=torch.float32, device=self._device)
         scratch = torch.zeros_like(buffers.logprobs[0])
         requested = torch.zeros_like(buffers.requested)
         requested[0] = 1
@@ -205,13 +214,32 @@ class CompletionOutputs:
         )
 
 
-def _reducer(backend: str, vocab_size: int, top_k: int) -> LogprobReducer:
-    """Both backends write the same words; Triton's launches are prepared here, at start-up."""
+def _reducer(
+    backend: str,
+    vocab_size: int,
+    top_k: int,
+    split: RankSplit | None,
+    collectives: Collectives | None,
+) -> LogprobReducer:
+    """Both backends write the same words; Triton's launches are prepared here, at start-up.
+
+    A rank of a split model reduces its vocabulary shard through the two 256-word exchanges.
+    """
+    if backend not in ("triton", "reference"):
+        raise ValueError(f"unknown logprobs backend {backend!r}")
+    if split is not None:
+        if backend == "triton":
+            from adapters.gpu.parallel.triton_reducer import TritonVocabParallelLogprobReducer
+
+            return TritonVocabParallelLogprobReducer(
+                vocab_size, top_k, split.rank, split.world_size, collectives
+            )
+        return VocabParallelLogprobReducer(
+            vocab_size, top_k, split.rank, split.world_size, collectives
+        )
     if backend == "triton":
         # Imported only when chosen: triton is heavy and absent from some installs.
         from adapters.gpu.logprobs.triton_reducer import TritonLogprobReducer
 
         return TritonLogprobReducer(vocab_size, top_k)
-    if backend != "reference":
-        raise ValueError(f"unknown logprobs backend {backend!r}")
     return ReferenceLogprobReducer(vocab_size, top_k)

@@ -11,6 +11,8 @@ from adapters.gpu.model.config import ModelConfig
 from adapters.gpu.model.forward_batch import ForwardBatch
 from adapters.gpu.model.kv_cache import PagedKVCache
 from adapters.gpu.model.rope import RotaryEmbedding, apply_rotary
+from adapters.gpu.parallel.collectives import Collectives
+from adapters.gpu.parallel.split import RankSplit
 
 
 def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -30,15 +32,39 @@ def _optional(
     return _weight(size, dtype=dtype, device=device) if present else None
 
 
+def _row_parallel(
+    rows: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    collectives: Collectives | None,
+) -> torch.Tensor:
+    """`rows @ weight.T + bias` where each rank holds some input columns: the partial products
+    are summed across ranks before the (whole) bias joins once."""
+    if collectives is None:
+        return F.linear(rows, weight, bias)
+    partial = F.linear(rows, weight)
+    collectives.all_reduce(partial, "model")
+    return partial if bias is None else partial + bias
+
+
 class DecoderLayer(nn.Module):
     """Pre-norm attention and SwiGLU MLP blocks with residuals.
 
     q/k/v and gate/up projections are fused into one matmul each; the loader concatenates
-    the checkpoint's separate weights in that order.
+    the checkpoint's separate weights in that order. Under tensor parallelism `config` holds
+    this rank's heads and MLP columns (column-parallel q/k/v and gate/up, row-parallel output
+    and down projections joined by an all-reduce).
     """
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        device: torch.device,
+        collectives: Collectives | None = None,
+    ) -> None:
         super().__init__()
+        self._collectives = collectives
         hidden = config.hidden_size
         head_dim = config.head_dim
         self.num_heads = config.num_attention_heads
@@ -85,10 +111,11 @@ class DecoderLayer(nn.Module):
             masks,
             self.scale,
         )
-        hidden = hidden + F.linear(attended, self.output_weight, self.output_bias)
+        reduce = self._collectives
+        hidden = hidden + _row_parallel(attended, self.output_weight, self.output_bias, reduce)
         normed = rms_norm(hidden, self.post_attention_norm, self.eps)
         gate, up = F.linear(normed, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
-        return hidden + F.linear(F.silu(gate) * up, self.down_weight, self.down_bias)
+        return hidden + _row_parallel(F.silu(gate) * up, self.down_weight, self.down_bias, reduce)
 
 
 class DecoderModel(nn.Module):
@@ -98,17 +125,35 @@ class DecoderModel(nn.Module):
     keys/values at `slot_mapping`, attends decode rows in one batched call and prompt chunks in
     another, and returns final-normed hidden states; `compute_logits` applies the LM head to
     the rows that are sampled. Parameters start uninitialised; `weights.load_model` fills them.
+
+    With a `split` over several ranks, `collectives` joins them: the model holds that rank's
+    heads and MLP columns and its vocabulary lanes [start, stop) of the embedding and the LM
+    head; `compute_logits` returns only those lanes, and no rank ever holds a full row.
     """
 
-    def __init__(self, config: ModelConfig, *, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        split: RankSplit | None = None,
+        collectives: Collectives | None = None,
+    ) -> None:
         super().__init__()
-        self.config = config
+        if split is not None and not split.whole and collectives is None:
+            raise ValueError("a model split over several ranks needs their collectives")
+        self.split = None if split is None or split.whole else split
+        self.collectives = collectives if self.split is not None else None
+        self.config = self.split.local_config(config) if self.split is not None else config
         self.dtype = dtype
         self.device = torch.device(device)
-        vocab, hidden = config.vocab_size, config.hidden_size
+        self.vocab_lanes = self.split.vocab if self.split is not None else (0, config.vocab_size)
+        vocab, hidden = self.vocab_lanes[1] - self.vocab_lanes[0], config.hidden_size
         self.embed_weight = _weight(vocab, hidden, dtype=dtype, device=self.device)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, dtype, self.device) for _ in range(config.num_hidden_layers)
+            DecoderLayer(self.config, dtype, self.device, self.collectives)
+            for _ in range(config.num_hidden_layers)
         )
         self.norm_weight = _weight(hidden, dtype=dtype, device=self.device)
         if config.tie_word_embeddings:
@@ -117,13 +162,13 @@ class DecoderModel(nn.Module):
             self.lm_head_weight = _weight(vocab, hidden, dtype=dtype, device=self.device)
         self.rotary = RotaryEmbedding(config, self.device)
         self._windows = config.sliding_windows
-        self._groups = config.num_query_groups
+        self._groups = self.config.num_query_groups
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv_cache: PagedKVCache) -> torch.Tensor:
         """Final-normed hidden states [N, hidden] of every row of `batch`."""
         self._check(batch, kv_cache)
-        hidden = F.embedding(batch.input_ids, self.embed_weight)
+        hidden = self._embed(batch.input_ids)
         cos, signed_sin = self.rotary.cos_sin(batch.positions, self.dtype)
         masks = {
             window: AttentionMasks.build(batch, self._groups, window)
@@ -141,9 +186,27 @@ class DecoderModel(nn.Module):
             )
         return rms_norm(hidden, self.norm_weight, self.config.rms_norm_eps)
 
+    def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Embedding rows; a split model looks up the IDs it owns and sums the ranks' rows
+        (exact: every other rank adds zeros)."""
+        if self.collectives is None:
+            return F.embedding(token_ids, self.embed_weight)
+        start, stop = self.vocab_lanes
+        owned = (token_ids >= start) & (token_ids < stop)
+        hidden = torch.zeros(
+            (token_ids.shape[0], self.config.hidden_size), dtype=self.dtype, device=self.device
+        )
+        if stop > start:
+            local = torch.where(owned, token_ids - start, torch.zeros_like(token_ids))
+            looked_up = F.embedding(local, self.embed_weight)
+            hidden = torch.where(owned[:, None], looked_up, hidden)
+        self.collectives.all_reduce(hidden, "model")
+        return hidden
+
     @torch.inference_mode()
     def compute_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
-        """Float32 logits [R, vocab_size] of final-normed hidden rows [R, hidden]."""
+        """Float32 logits [R, lanes] of final-normed hidden rows [R, hidden]: the whole model
+        vocabulary, or a split model's own vocabulary lanes."""
         return F.linear(hidden_rows, self.lm_head_weight).float()
 
     def _check(self, batch: ForwardBatch, kv_cache: PagedKVCache) -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.distributed as dist
 
 from adapters.gpu.logprobs.keys import NAN_BITS, NO_KEY, key_token_ids, order_keys, top_sort_keys
 from adapters.gpu.logprobs.normalizer import combine_tiles, tile_statistics
+from adapters.gpu.parallel.collectives import Collectives
 from adapters.gpu.parallel.shards import VocabShard
 from adapters.gpu.scoring.prompt_scorer import (
     PROJECTION_ROWS,
@@ -31,9 +31,7 @@ _PAIR_WORDS = slice(1, 1 + 2 * NATURAL_TOP_K)
 
 
 class VocabParallelPromptScorer:
-    """`PromptScorer` for a vocabulary sharded across the ranks of `group`, equal word for word.
-
-    Parked: tensor parallelism (#13) wires this into serving.
+    """`PromptScorer` for a vocabulary sharded across ranks (`collectives`), word for word equal.
 
     Each rank projects at most PROJECTION_ROWS hidden rows at a time into its own shard lanes
     (`shard_range`, the generation split) and keeps one pooled [PROJECTION_ROWS, shard width]
@@ -50,12 +48,12 @@ class VocabParallelPromptScorer:
         vocab_size: int,
         rank: int,
         world_size: int,
-        group: dist.ProcessGroup | None = None,
+        collectives: Collectives | None = None,
     ) -> None:
         self.shard = VocabShard.of(
             vocab_size, rank, world_size, MAX_SHARD_TILES, "prompt-scoring exchange 1"
         )
-        self.group = group
+        self.collectives = collectives or Collectives()
         self._stops = torch.tensor(self.shard.stops, dtype=torch.int64)
         self._block: torch.Tensor | None = None
 
@@ -74,7 +72,7 @@ class VocabParallelPromptScorer:
         """
         check_score_inputs(hidden, targets, out)
         if hidden.shape[0]:
-            self.shard.check_group(self.group, "scorer")
+            self.shard.check_group(self.collectives.group, "scorer")
         for first in range(0, hidden.shape[0], PROJECTION_ROWS):
             last = min(first + PROJECTION_ROWS, hidden.shape[0])
             raw = self._shard_logits(project(hidden[first:last]), last - first)
@@ -114,7 +112,7 @@ class VocabParallelPromptScorer:
         """[n, 64] int32 words of this rank -> [world, n, 64] of every rank, in rank order."""
         # Gloo takes only the concatenated output form, so ranks are split off afterwards.
         received = words.new_empty(self.shard.world_size * words.shape[0], EXCHANGE_WORDS)
-        dist.all_gather_single(received, words, group=self.group)
+        self.collectives.all_gather_single(received, words, "scoring")
         return received.view(self.shard.world_size, words.shape[0], EXCHANGE_WORDS)
 
     def _words(self, rows: int, device: torch.device) -> torch.Tensor:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from adapters.gpu.logprobs.keys import CANDIDATES_PER_TILE, NO_KEY, key_token_ids, order_keys
 from adapters.gpu.logprobs.normalizer import combine_tiles, tile_statistics
 from adapters.gpu.logprobs.reducer import ReductionInputs, check_inputs, check_sizes
 from adapters.gpu.logprobs.reference_reducer import write_positions
+from adapters.gpu.parallel.collectives import Collectives
 from adapters.gpu.parallel.shards import VocabShard
 from domain.logprobs import MAX_SELECTED_IDS, NO_TOKEN
 
@@ -27,9 +27,7 @@ CHOSEN_WORD = MAX_SELECTED_IDS
 
 
 class VocabParallelLogprobReducer:
-    """The reference reduction for logits split by vocabulary across the ranks of `group`.
-
-    Parked: tensor parallelism (#13) wires this into serving.
+    """The reference reduction for logits split by vocabulary across the ranks of `collectives`.
 
     Each rank passes its own shard and the same replicated row inputs (slots, positions, chosen,
     flags, counts, IDs). The stages mirror the prepared kernels: per-tile maxima and masses,
@@ -46,12 +44,12 @@ class VocabParallelLogprobReducer:
         top_k: int,
         rank: int,
         world_size: int,
-        group: dist.ProcessGroup | None = None,
+        collectives: Collectives | None = None,
     ) -> None:
         check_sizes(vocab_size, top_k)
         self.shard = VocabShard.of(vocab_size, rank, world_size, MAX_SHARD_TILES, "exchange 1")
         self.top_k = top_k
-        self.group = group
+        self.collectives = collectives or Collectives()
         self._stops = torch.tensor(self.shard.stops, dtype=torch.int64)
 
     def reserve(self, capacity: int, device: torch.device | str) -> None:
@@ -71,7 +69,7 @@ class VocabParallelLogprobReducer:
         rows = torch.nonzero(wanted).squeeze(1)
         if rows.numel() == 0:
             return
-        shard.check_group(self.group, "reducer")
+        shard.check_group(self.collectives.group, "reducer")
         slots, positions = slots.index_select(0, rows), positions.index_select(0, rows)
         chosen = chosen.index_select(0, rows).to(torch.int64)
         raw = logits_shard[:, : shard.width].index_select(0, rows).to(torch.float32)
@@ -91,7 +89,7 @@ class VocabParallelLogprobReducer:
         """
         sent = words.view(torch.float32)
         received = [torch.empty_like(sent) for _ in range(self.shard.world_size)]
-        dist.all_gather(received, sent, group=self.group)
+        self.collectives.all_gather_into(received, sent, "logprobs")
         return torch.stack(received).view(torch.int32)
 
     def _words(self, rows: int, device: torch.device) -> torch.Tensor:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from adapters.gpu.logprobs.keys import CANDIDATES_PER_TILE
 from adapters.gpu.logprobs.reducer import ReductionInputs, check_inputs, check_sizes
+from adapters.gpu.parallel.collectives import Collectives
 from adapters.gpu.parallel.custom_ops import vocab_parallel_operators
 from adapters.gpu.parallel.reference_reducer import EXCHANGE_WORDS, MAX_SHARD_TILES
 from adapters.gpu.parallel.shards import VocabShard
@@ -14,8 +14,6 @@ from adapters.gpu.parallel.shards import VocabShard
 
 class TritonVocabParallelLogprobReducer:
     """The torch-staged vocabulary-parallel contract from six Triton launches per rank.
-
-    Parked: tensor parallelism (#13) wires this into serving.
 
     Launches: shard tile statistics, exchange 1 packing, the global normalization, shard tile
     candidates, exchange 2 packing and the final merge. No host synchronization chooses rows:
@@ -32,12 +30,12 @@ class TritonVocabParallelLogprobReducer:
         top_k: int,
         rank: int,
         world_size: int,
-        group: dist.ProcessGroup | None = None,
+        collectives: Collectives | None = None,
     ) -> None:
         check_sizes(vocab_size, top_k)
         self.shard = VocabShard.of(vocab_size, rank, world_size, MAX_SHARD_TILES, "exchange 1")
         self.top_k = top_k
-        self.group = group
+        self.collectives = collectives or Collectives()
         self.tiles = self.shard.tiles[rank]
         # An empty shard still runs one gated tile of no lanes, so every launch has a grid.
         self._stats_tiles = max(self.tiles, 1)
@@ -91,7 +89,7 @@ class TritonVocabParallelLogprobReducer:
         rows = logits_shard.shape[0]
         if rows == 0:
             return
-        shard.check_group(self.group, "reducer")
+        shard.check_group(self.collectives.group, "reducer")
         if logits_shard.stride(1) != 1:
             logits_shard = logits_shard.contiguous()
         space = self._reserved(rows, logits_shard.device)
@@ -116,4 +114,4 @@ class TritonVocabParallelLogprobReducer:
         The words travel as FP32 and only copies touch them, so bit-cast keys arrive unchanged.
         """
         slabs = [received[peer, :rows].view(torch.float32) for peer in range(self.shard.world_size)]
-        dist.all_gather(slabs, send[:rows].view(torch.float32), group=self.group)
+        self.collectives.all_gather_into(slabs, send[:rows].view(torch.float32), "logprobs")

@@ -54,7 +54,11 @@ def philox4x32_10(
 
 
 def philox_uniform(
-    seeds: Tensor, counters: Tensor, width: int, streams: Tensor | int = 0
+    seeds: Tensor,
+    counters: Tensor,
+    width: int,
+    streams: Tensor | int = 0,
+    first_column: int = 0,
 ) -> Tensor:
     """Uniform float32 noise in (0, 1), [R, width], a pure function of each row's seed, counter
     and stream.
@@ -62,26 +66,31 @@ def philox_uniform(
     Column v of row r is word v % 4 of Philox4x32-10 with key = (low, high) 32-bit words of
     seeds[r] and counter = (low, high words of counters[r], v // 4, streams[r]); so a row's
     noise never depends on the other rows of the batch, and draws made for different purposes
-    at one position (`streams`, an int or an int64 [R]) never share noise.
+    at one position (`streams`, an int or an int64 [R]) never share noise. The result holds
+    columns [first_column, first_column + width): a vocabulary shard draws exactly the noise
+    its token IDs get in the whole row.
     """
     if seeds.dim() != 1 or counters.shape != seeds.shape:
         raise ValueError("seeds and counters must be 1-D tensors of the same length")
     if seeds.dtype != torch.int64 or counters.dtype != torch.int64:
         raise TypeError("seeds and counters must be int64")
-    if width < 0:
-        raise ValueError(f"width must be >= 0, got {width}")
-    blocks = -(-width // _WORDS_PER_BLOCK)
+    if width < 0 or first_column < 0:
+        raise ValueError(f"width and first_column must be >= 0, got {width}, {first_column}")
+    skipped, lead = divmod(first_column, _WORDS_PER_BLOCK)
+    blocks = -(-(lead + width) // _WORDS_PER_BLOCK)
     seeds = seeds.unsqueeze(1)
     counters = counters.unsqueeze(1)
     if isinstance(streams, Tensor):
         streams = streams.unsqueeze(1)
-    block_index = torch.arange(blocks, dtype=torch.int64, device=seeds.device).unsqueeze(0)
+    block_index = torch.arange(
+        skipped, skipped + blocks, dtype=torch.int64, device=seeds.device
+    ).unsqueeze(0)
     words = philox4x32_10(
         (counters & _MASK32, (counters >> 32) & _MASK32, block_index, streams),
         (seeds & _MASK32, (seeds >> 32) & _MASK32),
     )
     bits = torch.stack(words, dim=-1).reshape(seeds.shape[0], blocks * _WORDS_PER_BLOCK)
-    return uniform_from_bits(bits[:, :width])
+    return uniform_from_bits(bits[:, lead : lead + width])
 
 
 def uniform_from_bits(bits: Tensor) -> Tensor:

@@ -34,10 +34,17 @@ def sampling_tensors(
     vocab_size: int,
     device: torch.device,
     penalties: PenaltyState | None,
+    lanes: tuple[int, int] | None = None,
 ) -> SamplingTensors:
     """Every row's settings from its lane; without `penalties` (a draft model's proposals)
-    penalties are left out, which any proposal distribution may do."""
+    penalties are left out, which any proposal distribution may do. The logits columns are the
+    token IDs `lanes` = [start, stop) (default: the whole vocabulary): logit_bias and bans on
+    other IDs belong to other ranks and are left out here."""
     params = [row.work.params for row in rows]
+    start, stop = lanes if lanes is not None else (0, vocab_size)
+
+    def owned(token_id: int) -> bool:
+        return start <= token_id < stop
 
     def floats(values: list[float]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.float32, device=device)
@@ -50,21 +57,29 @@ def sampling_tensors(
     if any_penalties and penalties is not None:
         counts, prompt_mask = penalties.rows([row.work.slot for row in rows])
     if counts is not None:
-        earlier = [(i, t) for i, row in enumerate(rows) for t in row.earlier_drafts]
+        earlier = [
+            (i, t - start) for i, row in enumerate(rows) for t in row.earlier_drafts if owned(t)
+        ]
         if earlier:
             counts.index_put_(
                 (longs([i for i, _ in earlier]), longs([t for _, t in earlier])),
                 torch.ones(len(earlier), dtype=torch.int32, device=device),
                 accumulate=True,
             )
-    bias = [(i, token_id, value) for i, p in enumerate(params) for token_id, value in p.logit_bias]
-    banned = [(i, t) for i, row in enumerate(rows) for t in row.work.banned_token_ids]
+    bias = [
+        (i, token_id - start, value)
+        for i, p in enumerate(params)
+        for token_id, value in p.logit_bias
+        if owned(token_id)
+    ]
+    banned = [
+        (i, t - start) for i, row in enumerate(rows) for t in row.work.banned_token_ids if owned(t)
+    ]
     penalised = penalties is not None
+    top_k = [min(max(p.top_k, 0), vocab_size) for p in params]
     return SamplingTensors(
         temperature=floats([p.temperature for p in params]),
-        top_k=torch.tensor(
-            [min(max(p.top_k, 0), vocab_size) for p in params], dtype=torch.int32, device=device
-        ),
+        top_k=torch.tensor(top_k, dtype=torch.int32, device=device),
         top_p=floats([p.top_p for p in params]),
         min_p=floats([p.min_p for p in params]),
         presence_penalty=floats([p.presence_penalty if penalised else 0.0 for p in params]),
@@ -82,6 +97,9 @@ def sampling_tensors(
         counters=longs([row.position for row in rows]),
         all_greedy=all(p.is_greedy for p in params),
         any_penalties=any_penalties,
+        # Exact flags let a sharded sampler skip the exchanges a filter costs.
+        any_top_k_top_p=any(0 < k < vocab_size for k in top_k) or any(p.top_p < 1 for p in params),
+        any_min_p=any(p.min_p > 0 for p in params),
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -154,7 +155,68 @@ def _apply_penalties(scratch: Tensor, tensors: SamplingTensors) -> None:
     scratch.sub_(tensors.presence_penalty.unsqueeze(1) * generated)
 
 
-def filtered_logits(logits: Tensor, tensors: SamplingTensors) -> Tensor:
+class RowLanes(Protocol):
+    """Where a sampler's logits columns lie in the vocabulary, and how a row's whole-vocabulary
+    quantities are formed: from the columns alone on one rank, by exchanges when each rank holds
+    a vocabulary shard. IDs in and out are global token IDs."""
+
+    first: int  # the global token ID of column 0
+
+    def argmax(self, *scores: Tensor) -> tuple[Tensor, ...]:
+        """Per score matrix, the ID of each row's maximum (the lowest ID among equals)."""
+        ...
+
+    def row_max(self, scores: Tensor) -> Tensor:
+        """[R, 1]: each row's largest value."""
+        ...
+
+    def cutoff(self, scaled: Tensor, tensors: SamplingTensors) -> Tensor:
+        """[R, 1]: the smallest value that top_k and then top_p keep."""
+        ...
+
+    def softmax(self, scores: Tensor) -> Tensor:
+        """The row's probabilities over the whole vocabulary, at these columns."""
+        ...
+
+    def pick(self, values: Tensor, token_ids: Tensor) -> Tensor:
+        """[R]: each row's value at its token ID (a valid ID of the vocabulary)."""
+        ...
+
+    def exclude(self, scores: Tensor, token_ids: Tensor) -> Tensor:
+        """A copy of `scores` with each row's token ID at -inf."""
+        ...
+
+
+class WholeRows:
+    """`RowLanes` of a rank holding every column: plain row operations, no exchange."""
+
+    first = 0
+
+    def argmax(self, *scores: Tensor) -> tuple[Tensor, ...]:
+        return tuple(score.argmax(dim=1) for score in scores)
+
+    def row_max(self, scores: Tensor) -> Tensor:
+        return scores.amax(dim=1, keepdim=True)
+
+    def cutoff(self, scaled: Tensor, tensors: SamplingTensors) -> Tensor:
+        return top_k_top_p_cutoff(scaled, tensors.top_k, tensors.top_p)
+
+    def softmax(self, scores: Tensor) -> Tensor:
+        return scores.softmax(dim=1)
+
+    def pick(self, values: Tensor, token_ids: Tensor) -> Tensor:
+        return values.gather(1, token_ids.unsqueeze(1)).squeeze(1)
+
+    def exclude(self, scores: Tensor, token_ids: Tensor) -> Tensor:
+        return scores.scatter(1, token_ids.unsqueeze(1), -math.inf)
+
+
+WHOLE_ROWS = WholeRows()
+
+
+def filtered_logits(
+    logits: Tensor, tensors: SamplingTensors, lanes: RowLanes = WHOLE_ROWS
+) -> Tensor:
     """New tensor: `logits` divided by temperature, then min_p, top_k and top_p set to -inf.
 
     Greedy rows are divided by 1. Tokens tied with the last kept one are kept too.
@@ -165,41 +227,50 @@ def filtered_logits(logits: Tensor, tensors: SamplingTensors) -> Tensor:
     if tensors.any_min_p:
         # prob < min_p * max_prob, compared in log space to skip a softmax.
         floor = torch.log(tensors.min_p).unsqueeze(1)
-        scaled.masked_fill_(scaled - scaled.amax(dim=1, keepdim=True) < floor, -math.inf)
+        scaled.masked_fill_(scaled - lanes.row_max(scaled) < floor, -math.inf)
     if tensors.any_top_k_top_p:
-        scaled.masked_fill_(scaled < _top_k_top_p_cutoff(scaled, tensors), -math.inf)
+        scaled.masked_fill_(scaled < lanes.cutoff(scaled, tensors), -math.inf)
     return scaled
 
 
-def _top_k_top_p_cutoff(scaled: Tensor, tensors: SamplingTensors) -> Tensor:
-    """Per row [R, 1], the smallest logit that both top_k and then top_p keep."""
+def top_k_top_p_cutoff(scaled: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """Per row [R, 1], the smallest logit of whole rows that both top_k and then top_p keep."""
     vocab = scaled.shape[1]
     ranked = scaled.sort(dim=1, descending=True).values
-    top_k = tensors.top_k.to(torch.int64)
+    top_k = top_k.to(torch.int64)
     top_k = torch.where((top_k <= 0) | (top_k > vocab), vocab, top_k)
     k_cutoff = ranked.gather(1, (top_k - 1).unsqueeze(1))
     ranked.masked_fill_(ranked < k_cutoff, -math.inf)
     probs = ranked.softmax(dim=1)
     mass_before = torch.nn.functional.pad(probs.cumsum(dim=1)[:, :-1], (1, 0))
     # Rounding can leave the total mass just under 1.0, so a disabled top_p must not compare.
-    top_p = torch.where(tensors.top_p < 1.0, tensors.top_p, math.inf).unsqueeze(1)
+    top_p = torch.where(top_p < 1.0, top_p, math.inf).unsqueeze(1)
     kept = (mass_before < top_p).sum(dim=1, keepdim=True).clamp_(min=1)
     p_cutoff = ranked.gather(1, kept - 1)
     return torch.maximum(k_cutoff, p_cutoff)
 
 
 class Sampler:
-    """Turns a batch of raw logits rows into sampled token IDs, never writing to the logits."""
+    """Turns a batch of raw logits rows into sampled token IDs, never writing to the logits.
+
+    The logits hold the columns `lanes` describes: the whole vocabulary, or one rank's shard,
+    whose whole-row quantities (maxima, cutoffs, normalizers, the winning ID) `lanes` forms by
+    exchanges. Noise is keyed by global token ID, so a draw does not depend on the sharding.
+    """
+
+    def __init__(self, lanes: RowLanes = WHOLE_ROWS) -> None:
+        self._lanes = lanes
 
     def sample(self, logits: Tensor, tensors: SamplingTensors) -> Tensor:
         """Chosen token ID per row, int64 [R]; greedy ties go to the lowest token ID."""
         self._check(logits, tensors)
+        lanes = self._lanes
         processed = edited_logits(logits, tensors) if _needs_edit(tensors) else logits
-        greedy_chosen = processed.argmax(dim=1)
         if tensors.all_greedy:
-            return greedy_chosen
-        scores = filtered_logits(processed, tensors)
-        random_chosen = _gumbel_max(scores, tensors, SAMPLE_STREAM)
+            return lanes.argmax(processed)[0]
+        scores = filtered_logits(processed, tensors, lanes)
+        noisy = _gumbel_scores(scores, tensors, SAMPLE_STREAM, lanes.first)
+        greedy_chosen, random_chosen = lanes.argmax(processed, noisy)
         greedy = tensors.temperature < GREEDY_TEMPERATURE_BELOW
         return torch.where(greedy, greedy_chosen, random_chosen)
 
@@ -234,28 +305,30 @@ class Sampler:
         so `verify` and `sample` agree on it.
         """
         self._check(logits, tensors)
+        lanes = self._lanes
         processed = edited_logits(logits, tensors) if _needs_edit(tensors) else logits
-        greedy_chosen = processed.argmax(dim=1)
         has_draft = drafts >= 0
-        greedy_keeps = has_draft & (greedy_chosen == drafts)
         if tensors.all_greedy:
-            return greedy_keeps, greedy_chosen
-        safe = drafts.clamp(min=0).unsqueeze(1)
-        scores = filtered_logits(processed, tensors)
-        probs = scores.softmax(dim=1)
-        p_draft = probs.gather(1, safe).squeeze(1)
+            (greedy_chosen,) = lanes.argmax(processed)
+            return has_draft & (greedy_chosen == drafts), greedy_chosen
+        safe = drafts.clamp(min=0)
+        scores = filtered_logits(processed, tensors, lanes)
+        probs = lanes.softmax(scores)
+        p_draft = lanes.pick(probs, safe)
         uniform = philox_uniform(tensors.seeds, tensors.counters, 1, ACCEPT_STREAM).squeeze(1)
         if draft_probs is None:
             random_keeps = has_draft & (uniform < p_draft)
-            leftover = scores.scatter(1, safe, -math.inf)
+            leftover = lanes.exclude(scores, safe)
         else:
-            q_draft = draft_probs.gather(1, safe).squeeze(1)
+            q_draft = lanes.pick(draft_probs, safe)
             # u < p / q, multiplied out: q(d) > 0 for a drawn draft, and p / q >= 1 keeps it.
             random_keeps = has_draft & (uniform * q_draft < p_draft)
             leftover = (probs - draft_probs).clamp_(min=0.0).log_()
         residual = torch.where(has_draft.unsqueeze(1), leftover, scores)
         streams = torch.where(has_draft, RESIDUAL_STREAM, SAMPLE_STREAM)
-        random_chosen = _gumbel_max(residual, tensors, streams)
+        noisy = _gumbel_scores(residual, tensors, streams, lanes.first)
+        greedy_chosen, random_chosen = lanes.argmax(processed, noisy)
+        greedy_keeps = has_draft & (greedy_chosen == drafts)
         greedy = tensors.temperature < GREEDY_TEMPERATURE_BELOW
         return (
             torch.where(greedy, greedy_keeps, random_keeps),
@@ -265,7 +338,8 @@ class Sampler:
     def draw(self, logits: Tensor, tensors: SamplingTensors) -> tuple[Tensor, Tensor]:
         """A draft model's proposals: one token per row (int64 [R]) and the distribution q it
         was drawn from (float32 [R, V]; one-hot at the argmax for greedy rows), drawn from the
-        DRAFT stream so it never shares noise with the target's draws."""
+        DRAFT stream so it never shares noise with the target's draws. A draft model holds the
+        whole vocabulary, so this never exchanges."""
         self._check(logits, tensors)
         processed = edited_logits(logits, tensors) if _needs_edit(tensors) else logits
         greedy_chosen = processed.argmax(dim=1)
@@ -276,7 +350,7 @@ class Sampler:
             return greedy_chosen, one_hot
         scores = filtered_logits(processed, tensors)
         q = scores.softmax(dim=1)
-        random_chosen = _gumbel_max(scores, tensors, DRAFT_STREAM)
+        random_chosen = _gumbel_scores(scores, tensors, DRAFT_STREAM, 0).argmax(dim=1)
         greedy = tensors.temperature < GREEDY_TEMPERATURE_BELOW
         return (
             torch.where(greedy, greedy_chosen, random_chosen),
@@ -288,8 +362,11 @@ def _needs_edit(tensors: SamplingTensors) -> bool:
     return tensors.any_penalties or tensors.bias_rows.numel() > 0 or tensors.banned_rows.numel() > 0
 
 
-def _gumbel_max(scores: Tensor, tensors: SamplingTensors, streams: Tensor | int) -> Tensor:
-    """argmax(score + Gumbel noise), a draw from softmax(score); `scores` is overwritten."""
-    noise = philox_uniform(tensors.seeds, tensors.counters, scores.shape[1], streams)
+def _gumbel_scores(
+    scores: Tensor, tensors: SamplingTensors, streams: Tensor | int, first: int
+) -> Tensor:
+    """score + Gumbel noise, whose argmax is a draw from softmax(score); `scores` is overwritten.
+    Column c carries token `first + c`'s noise."""
+    noise = philox_uniform(tensors.seeds, tensors.counters, scores.shape[1], streams, first)
     noise.log_().neg_().clamp_(min=torch.finfo(torch.float32).tiny).log_().neg_()
-    return scores.add_(noise).argmax(dim=1)
+    return scores.add_(noise)

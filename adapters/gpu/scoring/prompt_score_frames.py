@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import torch
 
+from adapters.gpu.parallel.prompt_scorer import VocabParallelPromptScorer
 from adapters.gpu.scoring.prompt_scorer import PROJECTION_ROWS, PromptScorer
 from domain.logprobs import NATURAL_TOP_K, NO_TOKEN
 from domain.prompt_scores import (
@@ -34,7 +35,13 @@ class PromptScoreFrames:
         frames = 2 * rows * PROMPT_ROW_WORDS * 4
         return frames + rows * 4 + PROJECTION_ROWS * vocab_size * 4
 
-    def __init__(self, capacities: tuple[int, ...], vocab_size: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        capacities: tuple[int, ...],
+        vocab_size: int,
+        device: torch.device,
+        scorer: PromptScorer | VocabParallelPromptScorer | None = None,
+    ) -> None:
         if not capacities:
             raise ValueError("prompt scoring needs at least one scored capacity")
         self.capacities = capacities
@@ -43,8 +50,10 @@ class PromptScoreFrames:
             (2, rows, PROMPT_ROW_WORDS), dtype=torch.int32, device=device
         )
         self.prompt_target_tokens = torch.full((rows,), NO_TOKEN, dtype=torch.int32, device=device)
-        self._scorer = PromptScorer(vocab_size)
-        self._scorer.reserve(device)
+        # A tensor-parallel rank scores through its shard (`VocabParallelPromptScorer`).
+        self._scorer = scorer if scorer is not None else PromptScorer(vocab_size)
+        if isinstance(self._scorer, PromptScorer):
+            self._scorer.reserve(device)
         self._invalid_row = torch.tensor(
             [NO_TOKEN, INVALID_BITS, 0] + [NO_TOKEN, 0] * NATURAL_TOP_K,
             dtype=torch.int32,

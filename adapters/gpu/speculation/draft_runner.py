@@ -9,6 +9,7 @@ import torch
 from adapters.gpu.model.decoder import DecoderModel
 from adapters.gpu.model.forward_batch import ForwardBatch, SequenceChunk
 from adapters.gpu.model.kv_cache import PagedKVCache
+from adapters.gpu.parallel.collectives import Collectives
 from adapters.gpu.sampling.rows import SampledRow, sampling_tensors
 from adapters.gpu.sampling.sampler import Sampler
 from domain.step import SlotWork
@@ -31,6 +32,10 @@ class DraftRunner:
     step, and a preemption, which frees the blocks, empties both. A lane first catches up on
     `draft_feed` (whatever the draft cache lacks, the lane's last token included), which
     proposes the first draft; each further draft is one more decode step.
+
+    Under tensor parallelism every rank runs a whole copy of the draft model, and `collectives`
+    makes every rank take rank 0's drafts and rank 0's q at them, so the target forward feeds
+    the same tokens everywhere and acceptance tests the same ratio.
     """
 
     def __init__(
@@ -39,12 +44,14 @@ class DraftRunner:
         kv_cache: PagedKVCache,
         vocab_size: int,
         device: torch.device,
+        collectives: Collectives | None = None,
     ) -> None:
         self._model = model
         self._kv_cache = kv_cache
         self._vocab_size = vocab_size
         self._device = device
         self._sampler = Sampler()
+        self._collectives = collectives
 
     def propose(self, works: list[SlotWork]) -> Proposals:
         """Drafts for every lane with `propose > 0`, in their order."""
@@ -60,8 +67,10 @@ class DraftRunner:
                 SampledRow(works[i], tuple(drafts[i]), works[i].end_position + len(drafts[i]))
                 for i in live
             ]
-            tokens, q = self._sampler.draw(
-                logits, sampling_tensors(rows, self._vocab_size, self._device, None)
+            tokens, q = self._agree(
+                *self._sampler.draw(
+                    logits, sampling_tensors(rows, self._vocab_size, self._device, None)
+                )
             )
             for row, (index, token_id) in enumerate(zip(live, tokens.tolist(), strict=True)):
                 drafts[index].append(token_id)
@@ -79,3 +88,13 @@ class DraftRunner:
             tuple(tuple(d) for d in drafts),
             torch.stack([row for rows in q_rows for row in rows]),
         )
+
+    def _agree(self, tokens: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rank 0's drafts, with rank 0's probability of each written into this rank's q."""
+        if self._collectives is None:
+            return tokens, q
+        at = q.gather(1, tokens.unsqueeze(1)).squeeze(1).to(torch.float64)
+        words = torch.stack([tokens.to(torch.float64), at], dim=1).contiguous()
+        self._collectives.broadcast(words, "drafts")
+        agreed = words[:, 0].to(torch.int64)
+        return agreed, q.scatter(1, agreed.unsqueeze(1), words[:, 1:].to(q.dtype))

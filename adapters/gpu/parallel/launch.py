@@ -1,0 +1,153 @@
+"""Starting a tensor-parallel world: rank 0 spawns its local peers, every peer runs plans."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from adapters.gpu.factory import ExecutorRecipe
+from adapters.gpu.parallel.collectives import ExchangeTally
+from adapters.gpu.parallel.coordinator import CoordinatorExecutor
+from adapters.gpu.parallel.group import (
+    DEFAULT_COLLECTIVE_TIMEOUT_S,
+    RankGroup,
+    Rendezvous,
+    free_port,
+)
+
+_log = logging.getLogger(__name__)
+
+
+def _device(kind: str, local_rank: int) -> torch.device:
+    if kind == "cuda" or (kind == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def _share_cores(local_ranks: int, device: torch.device) -> None:
+    # Ranks on one machine's CPUs would fight over every core; each takes its share.
+    if device.type == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_ranks))
+
+
+def run_peer(
+    rendezvous: Rendezvous, device_kind: str = "auto", local_ranks: int = 1
+) -> ExchangeTally:
+    """A peer's whole life: join, receive rank 0's recipe, build this rank's executor, then run
+    every plan rank 0 sends until it sends None; returns what this rank exchanged. Raises
+    ParallelFailure when the group breaks."""
+    device = _device(device_kind, rendezvous.local_rank)
+    _share_cores(local_ranks, device)
+    group = RankGroup(rendezvous, device)
+    try:
+        recipe = group.receive()
+        if not isinstance(recipe, ExecutorRecipe):
+            raise TypeError(f"rank 0 sent {type(recipe).__name__}, not an executor recipe")
+        executor = recipe.build(group.collectives, rendezvous.local_rank)
+        while (plan := group.receive()) is not None:
+            executor.submit(plan)  # type: ignore[arg-type]
+        return group.collectives.tally
+    finally:
+        group.close()
+
+
+def _peer_process(rendezvous: Rendezvous, device_kind: str, local_ranks: int) -> None:
+    """The target of a spawned peer: any failure ends the process with a non-zero status."""
+    logging.basicConfig(level=logging.INFO)
+    parent = os.getppid()
+    try:
+        run_peer(rendezvous, device_kind, local_ranks)
+    except Exception:
+        _log.exception("tensor-parallel rank %d (parent %d) failed", rendezvous.rank, parent)
+        raise SystemExit(1) from None
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelLaunch:
+    """How rank 0 starts its world: ranks 0..local_ranks-1 on this machine (None: all of them)
+    and how long an exchange waits for a peer."""
+
+    local_ranks: int | None = None
+    timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        if self.local_ranks is not None and self.local_ranks < 1:
+            raise ValueError(f"local ranks must be positive, got {self.local_ranks}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"the collective timeout must be positive, got {self.timeout_s}")
+
+    def rendezvous(
+        self, world_size: int, environment: Mapping[str, str] = os.environ
+    ) -> Rendezvous:
+        """Rank 0's place: at MASTER_ADDR:MASTER_PORT when set (ranks on other machines), else
+        a free loopback port."""
+        if "MASTER_ADDR" in environment or "MASTER_PORT" in environment:
+            found = Rendezvous.from_environment(
+                environment, world_size=world_size, rank=0, local_rank=0, timeout_s=self.timeout_s
+            )
+            # Rank 0 is the serving process whatever RANK says; the world is the flag's.
+            return Rendezvous(
+                found.master_addr, found.master_port, world_size, 0, 0, self.timeout_s
+            )
+        return Rendezvous("127.0.0.1", free_port(), world_size, 0, 0, self.timeout_s)
+
+
+@dataclass
+class World:
+    """Rank 0's handle on a started world: its executor and the peers it spawned."""
+
+    executor: CoordinatorExecutor
+    peers: Sequence[multiprocessing.process.BaseProcess] = ()
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.executor.close()
+        for peer in self.peers:
+            peer.join(timeout)
+            if peer.is_alive():
+                peer.kill()
+
+
+def start_world(
+    recipe: ExecutorRecipe,
+    launch: ParallelLaunch | None = None,
+    *,
+    environment: Mapping[str, str] = os.environ,
+    on_failure: Callable[[str], None] = lambda message: None,
+) -> World:
+    """Rank 0: spawns ranks 1..local_ranks-1 on this machine (spawn, never fork), waits for
+    every rank of the world (the others start with `helios tp-worker`), sends the recipe and
+    builds its own executor.
+    """
+    launch = launch or ParallelLaunch()
+    world_size = recipe.settings.tensor_parallel_size
+    rendezvous = launch.rendezvous(world_size, environment)
+    local = world_size if launch.local_ranks is None else launch.local_ranks
+    if not 1 <= local <= world_size:
+        raise ValueError(f"local ranks must be in 1..{world_size}, got {local}")
+    device = _device(recipe.settings.device, 0)
+    context = multiprocessing.get_context("spawn")
+    peers = []
+    for rank in range(1, local):
+        peer = context.Process(
+            target=_peer_process,
+            args=(rendezvous.for_rank(rank, rank), recipe.settings.device, local),
+            name=f"helios-tp-rank{rank}",
+            daemon=True,
+        )
+        peer.start()
+        peers.append(peer)
+    try:
+        _share_cores(local, device)
+        group = RankGroup(rendezvous, device)
+        group.send(recipe)
+        executor = recipe.build(group.collectives, 0)
+    except BaseException:
+        for peer in peers:
+            peer.kill()
+        raise
+    return World(CoordinatorExecutor(executor, group, on_failure), peers)
