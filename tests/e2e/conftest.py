@@ -9,7 +9,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -48,11 +48,15 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _server_environment(workdir: Path) -> dict[str, str]:
+def server_environment(workdir: Path) -> dict[str, str]:
+    """The environment of a server (or of a process beside it) that keeps to `workdir`."""
     environment = dict(os.environ)
     # A key or config left in the developer's shell would silently change what is served.
     environment.pop("HELIOS_API_KEY", None)
     environment.pop("HELIOS_SERVE_CONFIG", None)
+    # Nor may a tensor-parallel rendezvous: two servers would meet at the same port.
+    for name in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        environment.pop(name, None)
     # gunicorn's control socket defaults to one path per user; give each server its own.
     environment["XDG_RUNTIME_DIR"] = str(workdir)
     environment["TOKENIZERS_PARALLELISM"] = "false"
@@ -60,7 +64,7 @@ def _server_environment(workdir: Path) -> dict[str, str]:
     return environment
 
 
-def _health_status(base_url: str) -> int | None:
+def health_status(base_url: str) -> int | None:
     try:
         with urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
             return response.status
@@ -83,10 +87,15 @@ def _stop(process: subprocess.Popen) -> None:
 
 @contextmanager
 def running_server(
-    model_dir: Path | None, workdir: Path, *extra_args: str
+    model_dir: Path | None,
+    workdir: Path,
+    *extra_args: str,
+    environment: Mapping[str, str] | None = None,
+    ready_timeout_s: float = READY_TIMEOUT_S,
 ) -> Iterator[RunningServer]:
     """Starts `helios serve` (None: the embedded SmolLM2) on a free port, waits for /health 200,
-    and stops it afterwards; later flags in `extra_args` override the defaults."""
+    and stops it afterwards; later flags in `extra_args` override the defaults, and
+    `environment` adds to the server's variables."""
     port = free_port()
     server = RunningServer(f"http://127.0.0.1:{port}", workdir / "server.log")
     command = [
@@ -115,20 +124,22 @@ def running_server(
         process = subprocess.Popen(
             command,
             cwd=REPO_ROOT,
-            env=_server_environment(workdir),
+            env={**server_environment(workdir), **(environment or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
         )
     server = replace(server, pid=process.pid)
     try:
-        _wait_until_healthy(process, server)
+        _wait_until_healthy(process, server, ready_timeout_s)
         yield server
     finally:
         _stop(process)
 
 
-def _wait_until_healthy(process: subprocess.Popen, server: RunningServer) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
+def _wait_until_healthy(
+    process: subprocess.Popen, server: RunningServer, timeout_s: float = READY_TIMEOUT_S
+) -> None:
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
             pytest.fail(
@@ -136,11 +147,11 @@ def _wait_until_healthy(process: subprocess.Popen, server: RunningServer) -> Non
                 f"{server.log()}",
                 pytrace=False,
             )
-        if _health_status(server.base_url) == 200:
+        if health_status(server.base_url) == 200:
             return
         time.sleep(0.1)
     pytest.fail(
-        f"helios serve was not healthy within {READY_TIMEOUT_S:.0f} s:\n{server.log()}",
+        f"helios serve was not healthy within {timeout_s:.0f} s:\n{server.log()}",
         pytrace=False,
     )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -15,7 +16,9 @@ import torch.distributed as dist
 from adapters.gpu.parallel.collectives import Collectives, ParallelFailure
 
 # A peer waits for the next plan for as long as the server idles, so the control group, which
-# carries only plans, never times out; the exchanges inside a step do (`timeout_s`).
+# carries only plans, never times out while a peer waits for one; rank 0's sends and the
+# exchanges inside a step do (`timeout_s`): gloo's send waits until the receiver takes the
+# message, so an unbounded send would hang rank 0 forever on a peer that hangs.
 _CONTROL_TIMEOUT = timedelta(days=3650)
 DEFAULT_COLLECTIVE_TIMEOUT_S = 60.0
 
@@ -60,10 +63,12 @@ class Rendezvous:
                     values[field_name] = kind(environment[variable])
                 except ValueError:
                     raise ValueError(f"{variable}={environment[variable]!r} is malformed") from None
-        missing = [v for v, (f, _) in names.items() if f not in values and v != "HELIOS_TP_TIMEOUT"]
+        # LOCAL_RANK defaults to RANK (one rank per machine) and the timeout to its default.
+        values.setdefault("local_rank", values.get("rank", 0))
+        optional = ("LOCAL_RANK", "HELIOS_TP_TIMEOUT")
+        missing = [v for v, (f, _) in names.items() if f not in values and v not in optional]
         if missing:
             raise ValueError("the rendezvous needs " + ", ".join(missing))
-        values.setdefault("local_rank", values.get("rank", 0))
         return cls(**values)
 
     def for_rank(self, rank: int, local_rank: int) -> Rendezvous:
@@ -120,18 +125,37 @@ class RankGroup:
         return self._broadcast(None)
 
     def _broadcast(self, message: object) -> object:
+        """Rank 0's `message` on every rank: its pickled length, then its bytes. Only a peer's
+        wait for the length is unbounded (an idle server sends nothing); every other transfer
+        fails after `timeout_s`, so a hung peer fails rank 0's next step instead of hanging it.
+        """
         if self.collectives.failure is not None:
             raise ParallelFailure(self.collectives.failure)
-        box = [message]
         try:
-            dist.broadcast_object_list(box, src=0, group=self._control)
+            if self.rank == 0:
+                payload = pickle.dumps(message)
+                self._control_broadcast(torch.tensor([len(payload)], dtype=torch.int64))
+                self._control_broadcast(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
+                return message
+            length = torch.zeros(1, dtype=torch.int64)
+            self._control_broadcast(length, bounded=False)
+            payload_tensor = torch.empty(int(length.item()), dtype=torch.uint8)
+            self._control_broadcast(payload_tensor)
+            return pickle.loads(payload_tensor.numpy().tobytes())
         except Exception as error:  # noqa: BLE001 - any backend error breaks the whole group
             self.collectives.failure = (
-                f"tensor-parallel rank {self.rank} lost the control group: a rank died or left "
-                f"({error})"
+                f"tensor-parallel rank {self.rank} lost the control group: a rank died, hung "
+                f"past the collective timeout or left ({error})"
             )
             raise ParallelFailure(self.collectives.failure) from error
-        return box[0]
+
+    def _control_broadcast(self, tensor: torch.Tensor, bounded: bool = True) -> None:
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        options.rootTensor = 0
+        if bounded:
+            options.timeout = timedelta(seconds=self.rendezvous.timeout_s)
+        self._control.broadcast([tensor], options).wait()
 
     def close(self) -> None:
         if dist.is_initialized():

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+import adapters
 from adapters.gpu.factory import ExecutorRecipe
 from adapters.gpu.parallel.collectives import ExchangeTally
 from adapters.gpu.parallel.coordinator import CoordinatorExecutor
@@ -56,15 +59,25 @@ def run_peer(
         group.close()
 
 
-def _peer_process(rendezvous: Rendezvous, device_kind: str, local_ranks: int) -> None:
-    """The target of a spawned peer: any failure ends the process with a non-zero status."""
-    logging.basicConfig(level=logging.INFO)
-    parent = os.getppid()
-    try:
-        run_peer(rendezvous, device_kind, local_ranks)
-    except Exception:
-        _log.exception("tensor-parallel rank %d (parent %d) failed", rendezvous.rank, parent)
-        raise SystemExit(1) from None
+def _spawn_peer(rendezvous: Rendezvous, device_kind: str, local_ranks: int) -> subprocess.Popen:
+    """Starts `helios tp-worker` as a fresh interpreter (spawn semantics, never a fork) with the
+    variables torchrun would give it; it inherits this process's output streams."""
+    command = [
+        sys.executable,
+        "-m",
+        "adapters.cli.main",
+        "tp-worker",
+        "--device",
+        device_kind,
+        "--local-ranks",
+        str(local_ranks),
+    ]
+    environment = {**os.environ, **rendezvous.environment()}
+    # The peer imports the very code this process runs, wherever the interpreter would look.
+    source_root = str(Path(adapters.__file__).resolve().parent.parent)
+    search_path = [source_root, *filter(None, [environment.get("PYTHONPATH")])]
+    environment["PYTHONPATH"] = os.pathsep.join(search_path)
+    return subprocess.Popen(command, env=environment)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,14 +115,20 @@ class World:
     """Rank 0's handle on a started world: its executor and the peers it spawned."""
 
     executor: CoordinatorExecutor
-    peers: Sequence[multiprocessing.process.BaseProcess] = ()
+    peers: Sequence[subprocess.Popen] = ()
+    # This process's CPU threads before the world took its share of the cores.
+    threads: int = 0
 
     def close(self, timeout: float = 10.0) -> None:
         self.executor.close()
         for peer in self.peers:
-            peer.join(timeout)
-            if peer.is_alive():
+            try:
+                peer.wait(timeout)
+            except subprocess.TimeoutExpired:
                 peer.kill()
+                peer.wait()
+        if self.threads:
+            torch.set_num_threads(self.threads)
 
 
 def start_world(
@@ -119,7 +138,7 @@ def start_world(
     environment: Mapping[str, str] = os.environ,
     on_failure: Callable[[str], None] = lambda message: None,
 ) -> World:
-    """Rank 0: spawns ranks 1..local_ranks-1 on this machine (spawn, never fork), waits for
+    """Rank 0: starts ranks 1..local_ranks-1 on this machine (`_spawn_peer`), waits for
     every rank of the world (the others start with `helios tp-worker`), sends the recipe and
     builds its own executor.
     """
@@ -130,17 +149,11 @@ def start_world(
     if not 1 <= local <= world_size:
         raise ValueError(f"local ranks must be in 1..{world_size}, got {local}")
     device = _device(recipe.settings.device, 0)
-    context = multiprocessing.get_context("spawn")
-    peers = []
-    for rank in range(1, local):
-        peer = context.Process(
-            target=_peer_process,
-            args=(rendezvous.for_rank(rank, rank), recipe.settings.device, local),
-            name=f"helios-tp-rank{rank}",
-            daemon=True,
-        )
-        peer.start()
-        peers.append(peer)
+    peers = [
+        _spawn_peer(rendezvous.for_rank(rank, rank), recipe.settings.device, local)
+        for rank in range(1, local)
+    ]
+    threads = torch.get_num_threads()
     try:
         _share_cores(local, device)
         group = RankGroup(rendezvous, device)
@@ -149,5 +162,15 @@ def start_world(
     except BaseException:
         for peer in peers:
             peer.kill()
+            peer.wait()
+        torch.set_num_threads(threads)
         raise
-    return World(CoordinatorExecutor(executor, group, on_failure), peers)
+
+    def broken(message: str) -> None:
+        # A broken world never recovers, and a peer that hangs would outlive this process (the
+        # server leaves with os._exit), keeping its memory and device from the fresh world.
+        for peer in peers:
+            peer.kill()
+        on_failure(message)
+
+    return World(CoordinatorExecutor(executor, group, broken), peers, threads)

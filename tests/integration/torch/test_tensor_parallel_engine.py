@@ -30,7 +30,11 @@ from domain.sampling import SamplingParams
 from domain.speculation import SpeculativeConfig, SpeculativeMethod
 from tests.support import parallel_world as world
 from tests.support.engines import drain
-from tests.support.tiny_serving import PARALLEL_VOCAB, build_parallel_model_dir
+from tests.support.tiny_serving import (
+    PARALLEL_VOCAB,
+    build_draft_model_dir,
+    build_parallel_model_dir,
+)
 
 BUDGET = 32
 CAPABILITY = LogprobCapability(
@@ -132,14 +136,54 @@ def _drive(executor, tokenizer: HfTokenizer) -> dict[str, Any]:
     return results
 
 
-def _recipe(model_dir: Path, tensor_parallel_size: int) -> ExecutorRecipe:
+def _recipe(
+    model_dir: Path, tensor_parallel_size: int, draft_dir: Path | None = None
+) -> ExecutorRecipe:
     tokenizer = HfTokenizer.from_dir(model_dir)
     return ExecutorRecipe(
         model_dir,
         world.settings(tensor_parallel_size),
         tokenizer.vocab_size,
         capability=CAPABILITY,
+        draft_dir=draft_dir,
     )
+
+
+def _drafting(draft_dir: Path) -> SpeculativeConfig:
+    return SpeculativeConfig(SpeculativeMethod.DRAFT_MODEL, 3, model=str(draft_dir))
+
+
+def _drive_drafts(executor, tokenizer: HfTokenizer, draft_dir: Path) -> dict[str, Any]:
+    """Greedy and seeded requests proposed by a draft model (a whole copy on every rank)."""
+    config = EngineConfig(
+        max_num_seqs=8, max_num_batched_tokens=BUDGET, speculative=_drafting(draft_dir)
+    )
+    requests = [r for r in _requests(tokenizer) if not r.logprobs.prompt_logprobs]
+    accepted: list[int] = []
+
+    class Acceptance:
+        def record_step(self, stats) -> None:
+            accepted.append(stats.spec_accepted_tokens)
+
+    drained = drain(Engine(executor, tokenizer, config, observer=Acceptance()), requests)
+    return {
+        "outputs": {name: _outputs(items) for name, items in drained.items()},
+        "accepted": sum(accepted),
+    }
+
+
+def _draft_rank_main(
+    rendezvous: Rendezvous, directory: Path, model_dir: Path, draft_dir: Path
+) -> None:
+    if rendezvous.rank:
+        world.peer(rendezvous, directory)
+        return
+    tokenizer = HfTokenizer.from_dir(model_dir)
+    recipe = _recipe(model_dir, rendezvous.world_size, draft_dir)
+    served = world.coordinate(
+        rendezvous, recipe, lambda executor: _drive_drafts(executor, tokenizer, draft_dir)
+    )
+    world.save(directory, "served", served)
 
 
 def _rank_main(rendezvous: Rendezvous, directory: Path, model_dir: Path) -> None:
@@ -318,3 +362,29 @@ def test_logprob_and_scoring_exchanges_carry_exactly_their_words_and_no_logits(s
         for purpose, widest in tally.widest_row.items():
             if purpose != "sampling rows gathered":
                 assert widest < narrowest_shard, purpose
+
+
+@pytest.fixture(scope="module")
+def draft_dir(model_dir, tmp_path_factory) -> Path:
+    return build_draft_model_dir(tmp_path_factory.mktemp("draft"), model_dir, noise=0.02)
+
+
+def test_a_draft_model_under_two_ranks_serves_one_rank_s_tokens_and_entries(
+    model_dir, draft_dir, tmp_path_factory
+):
+    tokenizer = HfTokenizer.from_dir(model_dir)
+    single = _drive_drafts(_recipe(model_dir, 1, draft_dir).build(), tokenizer, draft_dir)
+    directory = tmp_path_factory.mktemp("tp2-draft")
+    world.spawn_world(2, directory, _draft_rank_main, model_dir, draft_dir)
+    served = world.load(directory, "served")
+    assert served["accepted"] == single["accepted"] > 20
+    served, single = served["outputs"], single["outputs"]
+    for name, choices in single.items():
+        for index, choice in choices.items():
+            assert served[name][index]["tokens"] == choice["tokens"], (name, index)
+            assert all(
+                _close(mine, theirs, SPLIT_NOISE)
+                for mine, theirs in zip(
+                    served[name][index]["entries"], choice["entries"], strict=True
+                )
+            )

@@ -1,0 +1,265 @@
+"""Tensor parallelism on the CPU: SmolLM2 tokens/s on two gloo ranks against one rank.
+
+Run: `.venv/bin/python bench/tensor_parallel.py [--rounds 3] [--max-tokens 48]`.
+One rank is an in-process engine over the whole machine (all cores); two ranks are this process
+as rank 0 (`adapters.gpu.parallel.launch.start_world`, as `helios serve -tp 2` starts them) and
+a spawned peer, each with half the cores. Every request is a chat question, greedy, EOS ignored,
+with `logprobs: 5`. Batch 1 runs 4 requests one at a time, batch 8 runs 8 together; one rank and
+two ranks run back to back in alternating order each round, and the ratio is the median of the
+paired ratios. Rank 0's exchange tally gives the bytes it sends per generated token, by purpose,
+in the decode steps (after each batch's first step, which prefills), and the pickled plans rank 0
+broadcasts on the control group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import platform
+import statistics
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from adapters.core.export import resolve_core  # noqa: E402
+from adapters.gpu.factory import ExecutorRecipe, RunnerSettings  # noqa: E402
+from adapters.gpu.parallel.launch import ParallelLaunch, World, start_world  # noqa: E402
+from adapters.tokenizer.hf import HfTokenizer  # noqa: E402
+from domain.engine import Engine, EngineConfig  # noqa: E402
+from domain.engine_request import EngineRequest  # noqa: E402
+from domain.logprob_rules import LogprobAsk  # noqa: E402
+from domain.outputs import ChoiceDelta  # noqa: E402
+from domain.sampling import SamplingParams  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from prompts import QUESTIONS  # noqa: E402
+
+BATCH_ONE_REQUESTS = 4
+PLAN = "plan (control)"
+EXCHANGES = "exchanges"
+
+
+class PlanBytes:
+    """Wraps rank 0's submit: adds up the pickled size of every plan it broadcasts."""
+
+    def __init__(self, world: World) -> None:
+        self.bytes = 0
+        submit = world.executor.submit
+
+        def counting(plan):
+            self.bytes += len(pickle.dumps(plan)) + 8  # the payload and its int64 length
+            return submit(plan)
+
+        world.executor.submit = counting  # type: ignore[method-assign]
+
+
+@dataclass
+class Contender:
+    """One side of the comparison: its engine, its CPU threads, and (two ranks) its world."""
+
+    engine: Engine
+    threads: int
+    world: World | None = None
+    plans: PlanBytes | None = None
+
+    def sent(self) -> Counter[str]:
+        """Bytes rank 0 has sent so far, by purpose, and (under "exchanges") how many
+        collectives it joined."""
+        if self.world is None:
+            return Counter()
+        tally = self.world.executor.collectives.tally
+        found = Counter({purpose: 4 * count for purpose, count in tally.words.items()})
+        found[PLAN] = self.plans.bytes if self.plans else 0
+        found[EXCHANGES] = sum(tally.calls.values())
+        return found
+
+
+@dataclass
+class Run:
+    seconds: float
+    tokens: int
+    decode_tokens: int
+    decode_steps: int
+    decode_bytes: Counter[str]
+    outputs: list[tuple[int, ...]]
+
+
+def chat(tokenizer: HfTokenizer, text: str) -> tuple[int, ...]:
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}])
+    return tuple(tokenizer.encode(rendered, add_special_tokens=False))
+
+
+def generate(contender: Contender, prompts: list[tuple[int, ...]], max_tokens: int) -> Run:
+    """All `prompts` at once, stepped to the end: wall time, tokens, and the bytes sent in the
+    decode steps (every step after the first)."""
+    torch.set_num_threads(contender.threads)
+    engine = contender.engine
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    ask = LogprobAsk(wanted=True, count=5)
+    channels = [
+        engine.submit(EngineRequest(f"r{i}-{time.monotonic_ns()}", p, params, logprobs=ask))
+        for i, p in enumerate(prompts)
+    ]
+    start = time.perf_counter()
+    engine.step()
+    after_prefill = contender.sent()
+    steps = 0
+    while engine.has_work():
+        engine.step()
+        steps += 1
+    seconds = time.perf_counter() - start
+    decode_bytes = contender.sent()
+    decode_bytes.subtract(after_prefill)
+    outputs = []
+    for channel in channels:
+        tokens: list[int] = []
+        while (item := channel.get_nowait()) is not None:
+            if isinstance(item, ChoiceDelta):
+                tokens += item.token_ids
+        outputs.append(tuple(tokens))
+    generated = sum(len(tokens) for tokens in outputs)
+    return Run(seconds, generated, generated - len(prompts), steps, decode_bytes, outputs)
+
+
+def measure(contender: Contender, prompts, batch: int, max_tokens: int) -> Run:
+    """`prompts`, `batch` at a time (batch 1: the summed time of single requests)."""
+    runs = [
+        generate(contender, prompts[start : start + batch], max_tokens)
+        for start in range(0, len(prompts), batch)
+    ]
+    decode_bytes: Counter[str] = Counter()
+    for run in runs:
+        decode_bytes.update(run.decode_bytes)
+    return Run(
+        sum(run.seconds for run in runs),
+        sum(run.tokens for run in runs),
+        sum(run.decode_tokens for run in runs),
+        sum(run.decode_steps for run in runs),
+        decode_bytes,
+        [output for run in runs for output in run.outputs],
+    )
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    args = parser.parse_args()
+
+    cores = os.cpu_count() or 1
+    runner = RunnerSettings(
+        device="cpu", max_num_seqs=8, max_model_len=1024, kv_cache_bytes=128 << 20
+    )
+    core = resolve_core(None, max_num_seqs=runner.max_num_seqs, token_capacity=0)
+    tokenizer = HfTokenizer.from_dir(core.model_dir)
+    recipe = ExecutorRecipe(
+        core.model_dir,
+        replace(runner, tensor_parallel_size=2),
+        tokenizer.vocab_size,
+        capability=core.capability,
+        capacity=core.capacity,
+        token_capacity=core.token_capacity,
+    )
+    config = EngineConfig(max_num_seqs=8, max_num_batched_tokens=512)
+    one_rank = replace(recipe, settings=runner).build()
+    contenders = {"tp1": Contender(Engine(one_rank, tokenizer, config), threads=cores)}
+    loading = time.perf_counter()
+    world = start_world(recipe, ParallelLaunch(local_ranks=2, timeout_s=120))
+    load_seconds = time.perf_counter() - loading
+    contenders["tp2"] = Contender(
+        Engine(world.executor, tokenizer, config),
+        threads=max(1, cores // 2),
+        world=world,
+        plans=PlanBytes(world),
+    )
+    try:
+        prompts = [chat(tokenizer, question) for question in QUESTIONS[:8]]
+        for contender in contenders.values():
+            generate(contender, prompts[:1], 8)  # warm-up
+        rows = []
+        decode_bytes: dict[int, Counter[str]] = {}
+        decode_tokens: dict[int, int] = {}
+        decode_steps: dict[int, int] = {}
+        same = total = 0
+        for batch in (1, 8):
+            workload = prompts[:BATCH_ONE_REQUESTS] if batch == 1 else prompts
+            speeds: dict[str, list[float]] = {"tp1": [], "tp2": []}
+            ratios = []
+            decode_bytes[batch], decode_tokens[batch], decode_steps[batch] = Counter(), 0, 0
+            for round_index in range(args.rounds):
+                order = ("tp1", "tp2") if round_index % 2 == 0 else ("tp2", "tp1")
+                runs = {}
+                for name in order:
+                    runs[name] = measure(contenders[name], workload, batch, args.max_tokens)
+                    speeds[name].append(runs[name].tokens / runs[name].seconds)
+                # Paired: each round's ratio comes from back-to-back runs.
+                ratios.append(speeds["tp2"][-1] / speeds["tp1"][-1])
+                decode_bytes[batch].update(runs["tp2"].decode_bytes)
+                decode_tokens[batch] += runs["tp2"].decode_tokens
+                decode_steps[batch] += runs["tp2"].decode_steps
+                for a, b in zip(runs["tp1"].outputs, runs["tp2"].outputs, strict=True):
+                    same += a == b
+                    total += 1
+            rows.append(
+                (
+                    batch,
+                    statistics.median(speeds["tp1"]),
+                    statistics.median(speeds["tp2"]),
+                    statistics.median(ratios),
+                    min(ratios),
+                    max(ratios),
+                )
+            )
+    finally:
+        world.close()
+
+    print(
+        f"# tensor parallelism: SmolLM2-135M-Instruct float32 CPU (gloo over loopback), greedy, "
+        f"logprobs 5, {args.max_tokens} tokens a request, EOS ignored, median of {args.rounds} "
+        f"paired rounds; torch {torch.__version__}, {cores} cores ({cpu_model()}), TP1 "
+        f"{contenders['tp1'].threads} threads, TP2 {contenders['tp2'].threads} thread(s) a rank; "
+        f"TP2 world started in {load_seconds:.1f} s; greedy outputs equal: {same}/{total}; "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
+    print("| batch | TP1 tok/s | TP2 tok/s | TP2/TP1 (median) | range over rounds |")
+    print("|---|---|---|---|---|")
+    for batch, one, two, ratio, low, high in rows:
+        print(f"| {batch} | {one:.1f} | {two:.1f} | {ratio:.2f}x | {low:.2f}x-{high:.2f}x |")
+    purposes = sorted(
+        {p for counts in decode_bytes.values() for p, b in counts.items() if b > 0} - {EXCHANGES}
+    )
+    print()
+    print("Rank 0 bytes sent per generated token in decode steps (TP2), by purpose:")
+    print("| batch | " + " | ".join(purposes) + " | total | exchanges a step | ms a step |")
+    print("|---|" + "---|" * (len(purposes) + 3))
+    for batch, counts in decode_bytes.items():
+        per_token = [counts[p] / max(decode_tokens[batch], 1) for p in purposes]
+        cells = " | ".join(f"{value:,.0f}" for value in per_token)
+        exchanges = counts[EXCHANGES] / max(decode_steps[batch], 1)
+        two = next(row[2] for row in rows if row[0] == batch)
+        print(
+            f"| {batch} | {cells} | {sum(per_token):,.0f} | {exchanges:.0f} "
+            f"| {1000 * batch / two:.1f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,429 @@
+"""`helios serve --tensor-parallel-size 2` end to end: official client, dead peers, tp-worker."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from domain.engine_request import EngineRequest
+from domain.logprob_rules import LogprobAsk
+from domain.outputs import ChoiceDelta
+from domain.sampling import SamplingParams
+from tests.e2e.conftest import (
+    REPO_ROOT,
+    RunningServer,
+    free_port,
+    health_status,
+    running_server,
+    server_environment,
+)
+from tests.support.engines import build_engine, drain
+from tests.support.tiny_serving import build_parallel_model_dir
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+SMOLLM2 = "SmolLM2-135M-Instruct"
+# Long enough for a fresh peer interpreter to import torch on a loaded 2-core machine, short
+# enough that a hung peer fails the step quickly.
+COLLECTIVE_TIMEOUT_S = 15.0
+# Two ranks of SmolLM2 load, and a restarted worker loads again, on cores other tests share.
+READY_TIMEOUT_S = 120.0
+CLIENT_TIMEOUT_S = 90.0
+QUESTION = [{"role": "user", "content": "Name three fruits and say why they are good."}]
+PROMPT = "The capital of France is"
+# Split noise between one rank and two (FP32 summation order), as the integration tests allow.
+SPLIT_NOISE = 5e-5
+
+
+def client_of(server: RunningServer) -> openai.OpenAI:
+    # No retries: a retried request would hide the very failure a test looks for.
+    return openai.OpenAI(
+        base_url=f"{server.base_url}/v1", api_key="x", max_retries=0, timeout=CLIENT_TIMEOUT_S
+    )
+
+
+def children(pid: int) -> list[int]:
+    found: list[int] = []
+    for path in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            found += [int(child) for child in path.read_text().split()]
+    return found
+
+
+def command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def process_state(pid: int) -> str | None:
+    """The kernel's one-letter state (R, S, T, Z...), None once the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def serving_worker(server: RunningServer) -> int:
+    """The gunicorn worker: the master's only child (rank 0 of the world)."""
+    [worker] = children(server.pid)
+    return worker
+
+
+def peers_of(worker: int) -> list[int]:
+    """The peer ranks the worker started: `helios tp-worker` (or multiprocessing spawn) children."""
+    return [
+        child
+        for child in children(worker)
+        if "tp-worker" in command_line(child) or "multiprocessing.spawn" in command_line(child)
+    ]
+
+
+def peer_rank(worker: int) -> int:
+    peers = peers_of(worker)
+    assert len(peers) == 1, [command_line(child) for child in children(worker)]
+    return peers[0]
+
+
+def wait_for(condition, timeout_s: float, what: str, server: RunningServer):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if result := condition():
+            return result
+        time.sleep(0.1)
+    pytest.fail(f"{what} not within {timeout_s:.0f} s:\n{server.log()}", pytrace=False)
+
+
+def check_recovery(server: RunningServer, old_worker: int, old_peer: int) -> None:
+    """The failed worker exited with a non-zero status, gunicorn booted a fresh one with a
+    fresh peer, /health is 200 again and a request succeeds."""
+    wait_for(
+        lambda: f"Worker (pid:{old_worker}) exited with code 70" in server.log(),
+        30,
+        "the failed worker's exit",
+        server,
+    )
+    wait_for(lambda: health_status(server.base_url) == 200, READY_TIMEOUT_S, "recovery", server)
+    worker = serving_worker(server)
+    assert worker != old_worker
+    assert f"Booting worker with pid: {worker}" in server.log()
+    assert peer_rank(worker) != old_peer
+    # The old peer is gone, not left stopped or hung beside the new world.
+    assert process_state(old_peer) in (None, "Z", "X")
+    reply = client_of(server).chat.completions.create(
+        model=SMOLLM2, messages=QUESTION, max_tokens=8, temperature=0, logprobs=True
+    )
+    assert reply.usage.completion_tokens == 8
+    assert len(reply.choices[0].logprobs.content) == 8
+
+
+# Two independently started process groups meeting on loopback: first in the module, so that
+# the SmolLM2 server starts only after these have stopped.
+
+
+@pytest.fixture(scope="module")
+def parallel_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_parallel_model_dir(tmp_path_factory.mktemp("tp-model"))
+
+
+def test_a_server_and_a_separately_started_tp_worker_meet_on_loopback_and_serve_one_ranks_tokens(
+    parallel_model_dir: Path, tmp_path: Path
+):
+    rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    worker_log = tmp_path / "tp-worker.log"
+    with worker_log.open("wb") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "adapters.cli.main", "tp-worker", "--device", "cpu"],
+            cwd=REPO_ROOT,
+            env={
+                **server_environment(tmp_path),
+                **rendezvous,
+                "WORLD_SIZE": "2",
+                "RANK": "1",
+                "LOCAL_RANK": "0",
+            },
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        prompt = [7, 300, 1200, 2499, 42, 1800, 5, 999]
+        request = dict(
+            prompt=prompt,
+            max_tokens=16,
+            temperature=0,
+            logprobs=3,
+            extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True},
+        )
+        with running_server(
+            parallel_model_dir,
+            tmp_path,
+            "--tensor-parallel-size",
+            "2",
+            "--tensor-parallel-local-ranks",
+            "1",
+            environment=rendezvous,
+            ready_timeout_s=READY_TIMEOUT_S,
+        ) as server:
+            # The worker spawned no peer of its own: rank 1 is the process started here.
+            assert peers_of(serving_worker(server)) == []
+            reply = client_of(server).completions.create(model=str(parallel_model_dir), **request)
+        returncode = worker.wait(timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    logprobs = reply.choices[0].logprobs
+    served = [int(token.removeprefix("token_id:")) for token in logprobs.tokens]
+
+    engine, _, _ = build_engine(parallel_model_dir)
+    one_rank = EngineRequest(
+        "one-rank",
+        tuple(prompt),
+        SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
+        logprobs=LogprobAsk(wanted=True, count=3),
+    )
+    deltas = [i for i in drain(engine, [one_rank])["one-rank"] if isinstance(i, ChoiceDelta)]
+    expected_tokens = [token for delta in deltas for token in delta.token_ids]
+    expected = [entry.position.chosen.logprob for delta in deltas for entry in delta.logprobs]
+
+    assert returncode == 0, worker_log.read_text(errors="replace")
+    assert served == expected_tokens
+    for value, reference in zip(logprobs.token_logprobs, expected, strict=True):
+        assert abs(value - reference) <= SPLIT_NOISE
+
+
+# One SmolLM2 server on two ranks for the rest of the module; the fault tests come last and
+# leave it recovered.
+
+
+@pytest.fixture(scope="module")
+def smollm2_tp2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    workdir = tmp_path_factory.mktemp("smollm2-tp2")
+    with running_server(
+        None,
+        workdir,
+        "--kv-cache-memory",
+        str(64 << 20),
+        "--tensor-parallel-size",
+        "2",
+        "--prompt-logprobs",
+        "--collective-timeout",
+        str(COLLECTIVE_TIMEOUT_S),
+        ready_timeout_s=READY_TIMEOUT_S,
+    ) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def client(smollm2_tp2: RunningServer) -> openai.OpenAI:
+    return client_of(smollm2_tp2)
+
+
+def test_two_ranks_serve_a_greedy_chat_with_top_5_logprobs_that_spell_the_reply(client):
+    reply = client.chat.completions.create(
+        model=SMOLLM2,
+        messages=QUESTION,
+        max_tokens=24,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=5,
+        extra_body={"ignore_eos": True},
+    )
+
+    content = reply.choices[0].logprobs.content
+    assert len(content) == reply.usage.completion_tokens == 24
+    raw = b"".join(bytes(entry.bytes) for entry in content)
+    assert raw.decode("utf-8") == reply.choices[0].message.content
+    for entry in content:
+        values = [top.logprob for top in entry.top_logprobs]
+        assert len(values) == 5
+        assert values == sorted(values, reverse=True)
+        assert all(math.isfinite(v) and v <= 0 for v in values)
+        # Greedy: the chosen token is the most likely one.
+        assert entry.top_logprobs[0].token == entry.token
+        assert entry.top_logprobs[0].logprob == entry.logprob
+
+
+def test_two_ranks_serve_completion_logprobs_that_index_into_the_text(client):
+    reply = client.completions.create(
+        model=SMOLLM2,
+        prompt=PROMPT,
+        max_tokens=16,
+        temperature=0,
+        logprobs=5,
+        extra_body={"ignore_eos": True},
+    )
+
+    choice = reply.choices[0]
+    logprobs = choice.logprobs
+    assert len(logprobs.tokens) == reply.usage.completion_tokens == 16
+    for token, value, top, offset in zip(
+        logprobs.tokens,
+        logprobs.token_logprobs,
+        logprobs.top_logprobs,
+        logprobs.text_offset,
+        strict=True,
+    ):
+        assert len(top) == 5
+        assert next(iter(top)) == token and top[token] == value
+        assert all(math.isfinite(v) and v <= 0 for v in top.values())
+        if "\ufffd" not in token:
+            assert choice.text[offset:].startswith(token)
+
+
+def test_two_ranks_stream_chat_logprobs_equal_to_the_whole_reply(client):
+    request = dict(
+        model=SMOLLM2,
+        messages=QUESTION,
+        max_tokens=20,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"ignore_eos": True},
+    )
+    whole = client.chat.completions.create(**request)
+
+    streamed, text = [], ""
+    for chunk in client.chat.completions.create(**request, stream=True):
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+            if chunk.choices[0].logprobs is not None:
+                streamed += chunk.choices[0].logprobs.content
+
+    assert text == whole.choices[0].message.content
+    assert b"".join(bytes(entry.bytes) for entry in streamed).decode("utf-8") == text
+    assert [e.model_dump() for e in streamed] == [
+        e.model_dump() for e in whole.choices[0].logprobs.content
+    ]
+
+
+def test_two_ranks_score_an_echoed_prompt_as_they_generate_it(client):
+    generated = client.completions.create(
+        model=SMOLLM2,
+        prompt=PROMPT,
+        max_tokens=6,
+        temperature=0,
+        logprobs=1,
+        extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True},
+    ).choices[0]
+    prompt_ids = [
+        int(token.removeprefix("token_id:"))
+        for token in client.completions.create(
+            model=SMOLLM2,
+            prompt=PROMPT,
+            max_tokens=0,
+            echo=True,
+            logprobs=0,
+            extra_body={"return_tokens_as_token_ids": True},
+        )
+        .choices[0]
+        .logprobs.tokens
+    ]
+    continuation = [int(t.removeprefix("token_id:")) for t in generated.logprobs.tokens]
+
+    scored = client.completions.create(
+        model=SMOLLM2,
+        prompt=prompt_ids + continuation,
+        max_tokens=0,
+        echo=True,
+        logprobs=1,
+        extra_body={"return_tokens_as_token_ids": True},
+    )
+
+    logprobs = scored.choices[0].logprobs
+    assert scored.usage.completion_tokens == 0
+    assert logprobs.tokens == [f"token_id:{t}" for t in prompt_ids + continuation]
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    for token, value, top in zip(
+        logprobs.tokens[1:], logprobs.token_logprobs[1:], logprobs.top_logprobs[1:], strict=True
+    ):
+        assert math.isfinite(value) and value <= 0
+        assert top[token] == value and 1 <= len(top) <= 2
+    # The scored prefill and the decode steps exchange different words over the ranks, yet
+    # agree on the continuation's logprobs within a prefill's FP32 noise.
+    for value, reference in zip(
+        logprobs.token_logprobs[-len(continuation) :],
+        generated.logprobs.token_logprobs,
+        strict=True,
+    ):
+        assert abs(value - reference) <= 1e-3
+
+
+def test_killing_the_peer_rank_mid_stream_fails_the_stream_at_once_and_gunicorn_restarts_the_world(
+    smollm2_tp2: RunningServer, client
+):
+    worker = serving_worker(smollm2_tp2)
+    peer = peer_rank(worker)
+    started = threading.Event()
+    outcome: dict[str, object] = {}
+
+    def stream() -> None:
+        chunks = 0
+        try:
+            for _ in client.completions.create(
+                model=SMOLLM2,
+                prompt=PROMPT,
+                max_tokens=200,
+                temperature=0,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            ):
+                chunks += 1
+                if chunks == 3:
+                    started.set()
+            outcome["error"] = None
+        except openai.APIError as error:
+            outcome["error"] = error
+        outcome["failed_at"] = time.monotonic()
+        started.set()
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    assert started.wait(CLIENT_TIMEOUT_S)
+    killed_at = time.monotonic()
+    os.kill(peer, signal.SIGKILL)
+    reader.join(CLIENT_TIMEOUT_S)
+    unhealthy = health_status(smollm2_tp2.base_url)
+
+    assert not reader.is_alive()
+    assert isinstance(outcome["error"], openai.APIError), outcome
+    assert "tensor-parallel" in str(outcome["error"])
+    seconds = outcome["failed_at"] - killed_at  # type: ignore[operator]
+    print(f"\nkill to failed stream: {seconds:.2f} s")
+    assert seconds < COLLECTIVE_TIMEOUT_S
+    assert unhealthy == 503
+    check_recovery(smollm2_tp2, worker, peer)
+
+
+def test_a_hung_peer_rank_fails_the_next_request_within_the_collective_timeout(
+    smollm2_tp2: RunningServer, client
+):
+    worker = serving_worker(smollm2_tp2)
+    peer = peer_rank(worker)
+    os.kill(peer, signal.SIGSTOP)
+    try:
+        stopped_at = time.monotonic()
+        with pytest.raises(openai.InternalServerError, match="tensor-parallel") as failure:
+            client.completions.create(model=SMOLLM2, prompt=PROMPT, max_tokens=4, temperature=0)
+        seconds = time.monotonic() - stopped_at
+        unhealthy = health_status(smollm2_tp2.base_url)
+
+        print(f"\nhung peer to failed request: {seconds:.2f} s ({failure.value.message[:80]})")
+        assert seconds < COLLECTIVE_TIMEOUT_S + 5
+        assert unhealthy == 503
+        check_recovery(smollm2_tp2, worker, peer)
+    finally:
+        if process_state(peer) == "T":
+            os.kill(peer, signal.SIGKILL)
