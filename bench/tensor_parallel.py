@@ -1,14 +1,16 @@
 """Tensor parallelism on the CPU: SmolLM2 tokens/s on two gloo ranks against one rank.
 
-Run: `.venv/bin/python bench/tensor_parallel.py [--rounds 3] [--max-tokens 48]`.
-One rank is an in-process engine over the whole machine (all cores); two ranks are this process
-as rank 0 (`adapters.gpu.parallel.launch.start_world`, as `helios serve -tp 2` starts them) and
-a spawned peer, each with half the cores. Every request is a chat question, greedy, EOS ignored,
-with `logprobs: 5`. Batch 1 runs 4 requests one at a time, batch 8 runs 8 together; one rank and
-two ranks run back to back in alternating order each round, and the ratio is the median of the
-paired ratios. Rank 0's exchange tally gives the bytes it sends per generated token, by purpose,
-in the decode steps (after each batch's first step, which prefills), and the pickled plans rank 0
-broadcasts on the control group.
+Run: `.venv/bin/python bench/tensor_parallel.py [--rounds 3] [--max-tokens 32]`.
+One rank is an in-process engine, measured on every core (the baseline) and on one thread (what
+each rank of two has); two ranks are this process as rank 0
+(`adapters.gpu.parallel.launch.start_world`, as `helios serve -tp 2` starts them) and a spawned
+peer, each with half the cores. Every request is a chat question, greedy, EOS ignored, with
+`logprobs: 5`. Batch 1 runs 4 requests one at a time, batch 8 runs 8 together; the three run
+back to back in a rotating order each round, and each ratio is the median of the rounds' paired
+ratios. Rank 0's exchange tally gives the bytes it sends per generated token, by purpose, in the
+decode steps (after each batch's first step, which prefills), and the pickled plans it
+broadcasts on the control group. The CPU time of other processes during the run is reported:
+on a shared machine it moves every number.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class Run:
     tokens: int
     decode_tokens: int
     decode_steps: int
+    decode_seconds: float
     decode_bytes: Counter[str]
     outputs: list[tuple[int, ...]]
 
@@ -111,11 +114,13 @@ def generate(contender: Contender, prompts: list[tuple[int, ...]], max_tokens: i
     start = time.perf_counter()
     engine.step()
     after_prefill = contender.sent()
+    decode_start = time.perf_counter()
     steps = 0
     while engine.has_work():
         engine.step()
         steps += 1
-    seconds = time.perf_counter() - start
+    end = time.perf_counter()
+    seconds, decode_seconds = end - start, end - decode_start
     decode_bytes = contender.sent()
     decode_bytes.subtract(after_prefill)
     outputs = []
@@ -126,7 +131,9 @@ def generate(contender: Contender, prompts: list[tuple[int, ...]], max_tokens: i
                 tokens += item.token_ids
         outputs.append(tuple(tokens))
     generated = sum(len(tokens) for tokens in outputs)
-    return Run(seconds, generated, generated - len(prompts), steps, decode_bytes, outputs)
+    return Run(
+        seconds, generated, generated - len(prompts), steps, decode_seconds, decode_bytes, outputs
+    )
 
 
 def measure(contender: Contender, prompts, batch: int, max_tokens: int) -> Run:
@@ -143,6 +150,7 @@ def measure(contender: Contender, prompts, batch: int, max_tokens: int) -> Run:
         sum(run.tokens for run in runs),
         sum(run.decode_tokens for run in runs),
         sum(run.decode_steps for run in runs),
+        sum(run.decode_seconds for run in runs),
         decode_bytes,
         [output for run in runs for output in run.outputs],
     )
@@ -158,10 +166,23 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def busy_seconds() -> float:
+    """CPU seconds every core of the machine has spent busy since boot."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def process_seconds(pid: int) -> float:
+    """CPU seconds process `pid` has used (user and system)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--max-tokens", type=int, default=32)
     args = parser.parse_args()
 
     cores = os.cpu_count() or 1
@@ -179,21 +200,29 @@ def main() -> None:
         token_capacity=core.token_capacity,
     )
     config = EngineConfig(max_num_seqs=8, max_num_batched_tokens=512)
-    one_rank = replace(recipe, settings=runner).build()
-    contenders = {"tp1": Contender(Engine(one_rank, tokenizer, config), threads=cores)}
+    one_rank = Engine(replace(recipe, settings=runner).build(), tokenizer, config)
     loading = time.perf_counter()
     world = start_world(recipe, ParallelLaunch(local_ranks=2, timeout_s=120))
     load_seconds = time.perf_counter() - loading
-    contenders["tp2"] = Contender(
-        Engine(world.executor, tokenizer, config),
-        threads=max(1, cores // 2),
-        world=world,
-        plans=PlanBytes(world),
-    )
+    # One rank on every core (the baseline), one rank on one core (what each TP2 rank has), two.
+    contenders = {
+        "tp1": Contender(one_rank, threads=cores),
+        "tp1-1t": Contender(one_rank, threads=1),
+        "tp2": Contender(
+            Engine(world.executor, tokenizer, config),
+            threads=max(1, cores // 2),
+            world=world,
+            plans=PlanBytes(world),
+        ),
+    }
+    names = list(contenders)
+    peer = world.peers[0].pid
     try:
         prompts = [chat(tokenizer, question) for question in QUESTIONS[:8]]
         for contender in contenders.values():
             generate(contender, prompts[:1], 8)  # warm-up
+        busy, ours = busy_seconds(), process_seconds(os.getpid()) + process_seconds(peer)
+        wall = time.perf_counter()
         rows = []
         decode_bytes: dict[int, Counter[str]] = {}
         decode_tokens: dict[int, int] = {}
@@ -201,17 +230,21 @@ def main() -> None:
         same = total = 0
         for batch in (1, 8):
             workload = prompts[:BATCH_ONE_REQUESTS] if batch == 1 else prompts
-            speeds: dict[str, list[float]] = {"tp1": [], "tp2": []}
-            ratios = []
+            speeds: dict[str, list[float]] = {name: [] for name in names}
+            step_ms: dict[str, list[float]] = {name: [] for name in names}
+            ratios: dict[str, list[float]] = {"tp1": [], "tp1-1t": []}
             decode_bytes[batch], decode_tokens[batch], decode_steps[batch] = Counter(), 0, 0
             for round_index in range(args.rounds):
-                order = ("tp1", "tp2") if round_index % 2 == 0 else ("tp2", "tp1")
+                # Each round rotates the order; its ratios come from back-to-back runs.
+                order = names[round_index % 3 :] + names[: round_index % 3]
                 runs = {}
                 for name in order:
-                    runs[name] = measure(contenders[name], workload, batch, args.max_tokens)
-                    speeds[name].append(runs[name].tokens / runs[name].seconds)
-                # Paired: each round's ratio comes from back-to-back runs.
-                ratios.append(speeds["tp2"][-1] / speeds["tp1"][-1])
+                    run = measure(contenders[name], workload, batch, args.max_tokens)
+                    runs[name] = run
+                    speeds[name].append(run.tokens / run.seconds)
+                    step_ms[name].append(1000 * run.decode_seconds / max(run.decode_steps, 1))
+                for baseline in ratios:
+                    ratios[baseline].append(speeds["tp2"][-1] / speeds[baseline][-1])
                 decode_bytes[batch].update(runs["tp2"].decode_bytes)
                 decode_tokens[batch] += runs["tp2"].decode_tokens
                 decode_steps[batch] += runs["tp2"].decode_steps
@@ -221,44 +254,50 @@ def main() -> None:
             rows.append(
                 (
                     batch,
-                    statistics.median(speeds["tp1"]),
-                    statistics.median(speeds["tp2"]),
-                    statistics.median(ratios),
-                    min(ratios),
-                    max(ratios),
+                    {name: statistics.median(values) for name, values in speeds.items()},
+                    {name: statistics.median(values) for name, values in step_ms.items()},
+                    {name: statistics.median(values) for name, values in ratios.items()},
+                    {name: (min(values), max(values)) for name, values in ratios.items()},
                 )
             )
+        wall = time.perf_counter() - wall
+        others = (
+            busy_seconds() - busy - (process_seconds(os.getpid()) + process_seconds(peer) - ours)
+        )
     finally:
         world.close()
 
     print(
         f"# tensor parallelism: SmolLM2-135M-Instruct float32 CPU (gloo over loopback), greedy, "
         f"logprobs 5, {args.max_tokens} tokens a request, EOS ignored, median of {args.rounds} "
-        f"paired rounds; torch {torch.__version__}, {cores} cores ({cpu_model()}), TP1 "
-        f"{contenders['tp1'].threads} threads, TP2 {contenders['tp2'].threads} thread(s) a rank; "
-        f"TP2 world started in {load_seconds:.1f} s; greedy outputs equal: {same}/{total}; "
-        f"load average {os.getloadavg()[0]:.1f}"
+        f"rounds; torch {torch.__version__}, {cores} cores ({cpu_model()}); TP2 world started "
+        f"in {load_seconds:.1f} s; greedy outputs TP1 = TP2: {same}/{total}; other processes "
+        f"used {others / wall:.2f} of the {cores} cores during the {wall:.0f} s measured"
     )
-    print("| batch | TP1 tok/s | TP2 tok/s | TP2/TP1 (median) | range over rounds |")
-    print("|---|---|---|---|---|")
-    for batch, one, two, ratio, low, high in rows:
-        print(f"| {batch} | {one:.1f} | {two:.1f} | {ratio:.2f}x | {low:.2f}x-{high:.2f}x |")
+    print(
+        f"| batch | TP1 ({cores} threads) tok/s | TP1 (1 thread) tok/s | TP2 (1 thread a rank) "
+        f"tok/s | TP2/TP1 | TP2/TP1 (1 thread) | decode ms a step: TP1 / TP1 1t / TP2 |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for batch, speed, step, ratio, spread in rows:
+        print(
+            f"| {batch} | {speed['tp1']:.1f} | {speed['tp1-1t']:.1f} | {speed['tp2']:.1f} "
+            f"| {ratio['tp1']:.2f}x ({spread['tp1'][0]:.2f}-{spread['tp1'][1]:.2f}) "
+            f"| {ratio['tp1-1t']:.2f}x ({spread['tp1-1t'][0]:.2f}-{spread['tp1-1t'][1]:.2f}) "
+            f"| {step['tp1']:.0f} / {step['tp1-1t']:.0f} / {step['tp2']:.0f} |"
+        )
     purposes = sorted(
         {p for counts in decode_bytes.values() for p, b in counts.items() if b > 0} - {EXCHANGES}
     )
     print()
-    print("Rank 0 bytes sent per generated token in decode steps (TP2), by purpose:")
-    print("| batch | " + " | ".join(purposes) + " | total | exchanges a step | ms a step |")
-    print("|---|" + "---|" * (len(purposes) + 3))
+    print("TP2, rank 0's bytes sent per generated token in decode steps, by purpose:")
+    print("| batch | " + " | ".join(purposes) + " | total | exchanges a step |")
+    print("|---|" + "---|" * (len(purposes) + 2))
     for batch, counts in decode_bytes.items():
         per_token = [counts[p] / max(decode_tokens[batch], 1) for p in purposes]
         cells = " | ".join(f"{value:,.0f}" for value in per_token)
         exchanges = counts[EXCHANGES] / max(decode_steps[batch], 1)
-        two = next(row[2] for row in rows if row[0] == batch)
-        print(
-            f"| {batch} | {cells} | {sum(per_token):,.0f} | {exchanges:.0f} "
-            f"| {1000 * batch / two:.1f} |"
-        )
+        print(f"| {batch} | {cells} | {sum(per_token):,.0f} | {exchanges:.0f} |")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import openai
@@ -138,37 +139,56 @@ def parallel_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_parallel_model_dir(tmp_path_factory.mktemp("tp-model"))
 
 
-def test_a_server_and_a_separately_started_tp_worker_meet_on_loopback_and_serve_one_ranks_tokens(
-    parallel_model_dir: Path, tmp_path: Path
-):
+LOOPBACK_PROMPT = [7, 300, 1200, 2499, 42, 1800, 5, 999]
+LOOPBACK_REQUEST = dict(
+    prompt=LOOPBACK_PROMPT,
+    max_tokens=16,
+    temperature=0,
+    logprobs=3,
+    extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True},
+)
+
+
+@dataclass
+class LoopbackWorld:
+    server: RunningServer
+    workers: list[subprocess.Popen]
+    start_worker: Callable[[], subprocess.Popen]
+
+
+@contextlib.contextmanager
+def separate_process_groups(model_dir: Path, workdir: Path) -> Iterator[LoopbackWorld]:
+    """`helios serve MODEL -tp 2 --tensor-parallel-local-ranks 1` and, started apart from it,
+    `helios tp-worker` as rank 1, meeting at MASTER_ADDR:MASTER_PORT on loopback; afterwards
+    every tp-worker started through the handle has been stopped."""
     rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    worker_log = tmp_path / "tp-worker.log"
-    with worker_log.open("wb") as log:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "adapters.cli.main", "tp-worker", "--device", "cpu"],
-            cwd=REPO_ROOT,
-            env={
-                **server_environment(tmp_path),
-                **rendezvous,
-                "WORLD_SIZE": "2",
-                "RANK": "1",
-                "LOCAL_RANK": "0",
-            },
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    workers: list[subprocess.Popen] = []
+
+    def start_worker() -> subprocess.Popen:
+        log_path = workdir / f"tp-worker{len(workers)}.log"
+        with log_path.open("wb") as log:
+            workers.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "adapters.cli.main", "tp-worker", "--device", "cpu"],
+                    cwd=REPO_ROOT,
+                    env={
+                        **server_environment(workdir),
+                        **rendezvous,
+                        "WORLD_SIZE": "2",
+                        "RANK": "1",
+                        "LOCAL_RANK": "0",
+                    },
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        return workers[-1]
+
+    start_worker()
     try:
-        prompt = [7, 300, 1200, 2499, 42, 1800, 5, 999]
-        request = dict(
-            prompt=prompt,
-            max_tokens=16,
-            temperature=0,
-            logprobs=3,
-            extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True},
-        )
         with running_server(
-            parallel_model_dir,
-            tmp_path,
+            model_dir,
+            workdir,
             "--tensor-parallel-size",
             "2",
             "--tensor-parallel-local-ranks",
@@ -176,32 +196,79 @@ def test_a_server_and_a_separately_started_tp_worker_meet_on_loopback_and_serve_
             environment=rendezvous,
             ready_timeout_s=READY_TIMEOUT_S,
         ) as server:
-            # The worker spawned no peer of its own: rank 1 is the process started here.
-            assert peers_of(serving_worker(server)) == []
-            reply = client_of(server).completions.create(model=str(parallel_model_dir), **request)
-        returncode = worker.wait(timeout=30)
+            yield LoopbackWorld(server, workers, start_worker)
     finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait()
-    logprobs = reply.choices[0].logprobs
-    served = [int(token.removeprefix("token_id:")) for token in logprobs.tokens]
+        for worker in workers:
+            if worker.poll() is None:
+                try:
+                    worker.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    worker.kill()
+                    worker.wait()
+
+
+def served_token_ids(reply) -> list[int]:
+    return [int(token.removeprefix("token_id:")) for token in reply.choices[0].logprobs.tokens]
+
+
+def test_a_server_and_a_separately_started_tp_worker_meet_on_loopback_and_serve_one_ranks_tokens(
+    parallel_model_dir: Path, tmp_path: Path
+):
+    with separate_process_groups(parallel_model_dir, tmp_path) as world:
+        # The serving worker spawned no peer of its own: rank 1 is the process started apart.
+        assert peers_of(serving_worker(world.server)) == []
+        reply = client_of(world.server).completions.create(
+            model=str(parallel_model_dir), **LOOPBACK_REQUEST
+        )
+    [worker] = world.workers
 
     engine, _, _ = build_engine(parallel_model_dir)
     one_rank = EngineRequest(
         "one-rank",
-        tuple(prompt),
+        tuple(LOOPBACK_PROMPT),
         SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
         logprobs=LogprobAsk(wanted=True, count=3),
     )
     deltas = [i for i in drain(engine, [one_rank])["one-rank"] if isinstance(i, ChoiceDelta)]
-    expected_tokens = [token for delta in deltas for token in delta.token_ids]
     expected = [entry.position.chosen.logprob for delta in deltas for entry in delta.logprobs]
 
-    assert returncode == 0, worker_log.read_text(errors="replace")
-    assert served == expected_tokens
-    for value, reference in zip(logprobs.token_logprobs, expected, strict=True):
+    # Stopping the server stopped the tp-worker too, cleanly.
+    assert worker.returncode == 0, (tmp_path / "tp-worker0.log").read_text(errors="replace")
+    assert served_token_ids(reply) == [token for delta in deltas for token in delta.token_ids]
+    for value, reference in zip(reply.choices[0].logprobs.token_logprobs, expected, strict=True):
         assert abs(value - reference) <= SPLIT_NOISE
+
+
+def test_a_tp_worker_started_again_after_its_predecessor_died_joins_the_restarted_world(
+    parallel_model_dir: Path, tmp_path: Path
+):
+    with separate_process_groups(parallel_model_dir, tmp_path) as world:
+        client = client_of(world.server)
+        before = client.completions.create(model=str(parallel_model_dir), **LOOPBACK_REQUEST)
+        old_worker = serving_worker(world.server)
+        world.workers[0].kill()
+        world.workers[0].wait()
+
+        with pytest.raises(openai.InternalServerError, match="tensor-parallel"):
+            client.completions.create(model=str(parallel_model_dir), **LOOPBACK_REQUEST)
+        wait_for(
+            lambda: f"Worker (pid:{old_worker}) exited with code 70" in world.server.log(),
+            30,
+            "the failed worker's exit",
+            world.server,
+        )
+        world.start_worker()
+        wait_for(
+            lambda: health_status(world.server.base_url) == 200,
+            READY_TIMEOUT_S,
+            "the restarted world",
+            world.server,
+        )
+        assert serving_worker(world.server) != old_worker
+        after = client.completions.create(model=str(parallel_model_dir), **LOOPBACK_REQUEST)
+
+    assert served_token_ids(after) == served_token_ids(before)
+    assert world.workers[1].returncode == 0
 
 
 # One SmolLM2 server on two ranks for the rest of the module; the fault tests come last and

@@ -1,1 +1,1 @@
-"""Vocabulary-parallel logprobs and scoring, parked until tensor parallelism (#13) serves them."""
+"""Tensor parallelism: the model split, sharded sampling, vocabulary-parallel logprobs and ranks."""

@@ -37,7 +37,7 @@ def _no_result(*arguments) -> None:  # a fake op's only effect is its opaque wri
 def vocab_parallel_operators() -> VocabParallelOperators:
     """`torch.ops.helios.vp_logprob_{statistics,candidates,merge}`, registered on first use.
 
-    Parked: only `TritonVocabParallelLogprobReducer` calls them, until tensor parallelism (#13).
+    Only `TritonVocabParallelLogprobReducer` calls them (tensor parallelism on CUDA).
     """
     global _OPERATORS
     if _OPERATORS is None:
