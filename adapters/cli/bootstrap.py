@@ -8,6 +8,7 @@ from pathlib import Path
 from adapters.core.export import resolve_core
 from adapters.gpu.factory import RunnerSettings, build_executor
 from adapters.gpu.loading.default_model import resolve_model_dir
+from adapters.grammar.llguidance_compiler import LlguidanceCompiler
 from adapters.tokenizer.hf import HfTokenizer
 from domain.engine import Engine, EngineConfig
 from domain.speculation import SpeculativeConfig
@@ -43,6 +44,8 @@ def load(
     )
     model_dir = core.model_dir
     tokenizer = HfTokenizer.from_dir(model_dir)
+    # One compiler (and so one grammar cache) for the admission check and the executor.
+    grammars = LlguidanceCompiler(tokenizer)
     executor = build_executor(
         model_dir,
         runner,
@@ -51,12 +54,14 @@ def load(
         capacity=core.capacity,
         token_capacity=core.token_capacity,
         draft_dir=_draft_dir(engine_config.speculative, tokenizer),
+        grammars=grammars,
     )
     engine = Engine(
         executor,
         tokenizer,
         replace(engine_config, max_num_seqs=runner.max_num_seqs),
         observer=observer,
+        grammars=grammars,
     )
     return LoadedModel(engine, tokenizer, served_name(model, served_model_name), model_dir)
 

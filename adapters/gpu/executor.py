@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +18,8 @@ from adapters.gpu.sampling.rows import lane_rows, sampling_tensors
 from adapters.gpu.sampling.sampler import Sampler
 from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
 from adapters.gpu.speculation.draft_runner import DraftRunner
+from adapters.grammar.lanes import GrammarLanes, RowMasks
+from adapters.grammar.llguidance_compiler import LlguidanceCompiler
 from domain.commit import commit_round
 from domain.prompt_scores import PROMPT_ROW_WORDS
 from domain.records import CompletionRecord, Role
@@ -44,6 +47,10 @@ class TorchExecutor:
     drafts, from scratch copies; commit one record per lane through the shared commit rule;
     only then reduce the raw logits of the emitted positions into the logprob frame. Frames
     alternate 0, 1, 0, ...
+
+    Constrained lanes (`SlotWork.grammar`) get their token masks from `GrammarLanes`, computed
+    on a worker thread while the forward runs and applied to the sampler's scratch only; the
+    reduction still reads the raw rows.
     """
 
     def __init__(
@@ -55,8 +62,10 @@ class TorchExecutor:
         *,
         logprobs_backend: str = "reference",
         draft: DraftRunner | None = None,
+        grammars: LlguidanceCompiler | None = None,
     ) -> None:
         self._model = model
+        self._grammar = GrammarLanes(grammars, device) if grammars is not None else None
         self._draft = draft
         self._kv_cache = kv_cache
         self._geometry = geometry
@@ -111,6 +120,13 @@ class TorchExecutor:
     def _forward(self, frame: int, plan: StepPlan) -> _Round | None:
         sampling = [work for work in plan.works if work.sample]
         drafts, q = self._drafts(sampling)
+        first_rows = list(
+            itertools.accumulate(
+                (1 + len(d) if w.speculative else 1 for w, d in zip(sampling, drafts, strict=True)),
+                initial=0,
+            )
+        )[:-1]
+        masks = self._start_masks(plan, sampling, drafts, first_rows)
         # Proposed drafts are fed after the lane's tokens, as history drafts already are.
         proposed = iter(drafts)
         chunks = []
@@ -124,15 +140,14 @@ class TorchExecutor:
             targets = [target for work in plan.works for target in work.prompt_targets]
             lanes = [len(work.token_ids) for work in plan.works]
             self._scores.score(frame, hidden, targets, lanes, self._model.compute_logits)
+        row_masks = masks.result() if masks is not None else None
         if not sampling:
             return None
         ends = list(itertools.accumulate(batch.chunk_lengths))
         lane_drafts = iter(drafts)
         rows: list[int] = []
-        first_rows: list[int] = []
         for index, work in enumerate(plan.works):
             if work.sample:
-                first_rows.append(len(rows))
                 count = 1 + len(next(lane_drafts)) if work.speculative else 1
                 rows.extend(range(ends[index] - count, ends[index]))
         selected = torch.tensor(rows, dtype=torch.int64, device=self._device)
@@ -145,6 +160,10 @@ class TorchExecutor:
         tensors = sampling_tensors(
             sampled_rows, self._geometry.vocab_size, self._device, self._penalties
         )
+        if row_masks is not None:
+            tensors = dataclasses.replace(
+                tensors, mask_rows=row_masks.rows, token_bitmask=row_masks.bitmask
+            )
         if not any(work.speculative for work in sampling):
             plain = self._sampler.sample(logits, tensors).tolist()
             return _Round(
@@ -163,6 +182,19 @@ class TorchExecutor:
             None if q is None else _row_probs(q, drafts, len(rows)),
         )
         return _verdicts(drafts, first_rows, raw_logits, keeps.tolist(), chosen.tolist())
+
+    def _start_masks(
+        self,
+        plan: StepPlan,
+        sampling: list[SlotWork],
+        drafts: list[tuple[int, ...]],
+        first_rows: list[int],
+    ) -> Future[RowMasks] | None:
+        if self._grammar is None:
+            if any(work.grammar is not None for work in plan.works):
+                raise ValueError("a lane is constrained, but the executor has no grammar engine")
+            return None
+        return self._grammar.start(plan.works, sampling, drafts, first_rows)
 
     def _drafts(
         self, sampling: list[SlotWork]
@@ -201,6 +233,8 @@ class TorchExecutor:
             drafts, tokens, accepted = next(rounds)
             emitted, finish = commit_round(work, tokens)
             self._penalties.accept(work, drafts[:accepted])
+            if self._grammar is not None:
+                self._grammar.commit(work, emitted)
             records.append(
                 CompletionRecord(
                     slot=work.slot,

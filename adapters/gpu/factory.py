@@ -13,6 +13,7 @@ from adapters.gpu.model.config import ModelConfig
 from adapters.gpu.model.kv_cache import PagedKVCache
 from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
 from adapters.gpu.speculation.draft_runner import DraftRunner
+from adapters.grammar.llguidance_compiler import LlguidanceCompiler
 from domain.blocks import blocks_needed
 from domain.capabilities import FULL_LOGPROBS, LogprobCapability
 from domain.records import resolve_token_capacity
@@ -96,6 +97,7 @@ def build_executor(
     capacity: int | None = None,
     token_capacity: int | None = None,
     draft_dir: Path | None = None,
+    grammars: LlguidanceCompiler | None = None,
 ) -> TorchExecutor:
     """Loads the weights and sizes the KV pool; `vocab_size` is the tokenizer's real vocabulary.
 
@@ -159,7 +161,9 @@ def build_executor(
             draft_config, num_blocks, settings.block_size, dtype, device
         )
         draft = DraftRunner(draft_model, draft_cache, geometry.vocab_size, device)
-    return TorchExecutor(model, kv_cache, geometry, device, logprobs_backend=backend, draft=draft)
+    return TorchExecutor(
+        model, kv_cache, geometry, device, logprobs_backend=backend, draft=draft, grammars=grammars
+    )
 
 
 def check_draft_vocabulary(draft_config: ModelConfig, vocab_size: int) -> None:
