@@ -53,6 +53,17 @@ class ToolCallDelta:
     id: str | None = None
     name: str | None = None
 
+    def to_wire(self) -> JsonObject:
+        """A streamed `delta.tool_calls` item, as vLLM streams them."""
+        if self.id is None:
+            return {"index": self.index, "function": {"arguments": self.arguments}}
+        return {
+            "index": self.index,
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
 
 class ToolCallStream:
     """Turns a constrained output's text, as it arrives, into tool-call deltas.
@@ -136,10 +147,13 @@ class ToolCallStream:
         self._token.append(char)
 
     def _flush(self, deltas: list[ToolCallDelta]) -> None:
+        """One delta per call and feed: the header (with any argument text so far) once the
+        name is known, then the argument text that arrived since."""
         if self._name is not None and not self._announced:
             self._announced = True
-            deltas.append(ToolCallDelta(self._index, "", new_call_id(), self._name))
-        if self._announced and self._pending:
+            arguments, self._pending = "".join(self._pending), []
+            deltas.append(ToolCallDelta(self._index, arguments, new_call_id(), self._name))
+        elif self._announced and self._pending:
             deltas.append(ToolCallDelta(self._index, "".join(self._pending)))
             self._pending = []
 
@@ -160,19 +174,20 @@ class ToolCall:
 
 def collect_tool_calls(mode: ToolCallMode, text: str) -> tuple[ToolCall, ...] | None:
     """The calls of a whole output, or None when it is not complete JSON of the forced shape
-    (an output cut short by `max_tokens`)."""
+    (an output cut short by `max_tokens`). Fed at once, the stream gives one delta per call,
+    header and whole arguments together."""
     try:
         value = json.loads(text)
     except ValueError:
         return None
     if mode.named is None and not (isinstance(value, list) and value):
         return None
-    calls: dict[int, list[str]] = {}
-    for delta in ToolCallStream(mode).feed(text):
-        if delta.id is not None and delta.name is not None:
-            calls[delta.index] = [delta.id, delta.name, ""]
-        calls[delta.index][2] += delta.arguments
-    return tuple(ToolCall(*calls[index]) for index in sorted(calls))
+    calls = [
+        ToolCall(delta.id, delta.name, delta.arguments)
+        for delta in ToolCallStream(mode).feed(text)
+        if delta.id is not None and delta.name is not None
+    ]
+    return tuple(calls)
 
 
 def new_call_id() -> str:
