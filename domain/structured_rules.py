@@ -103,7 +103,8 @@ def _response_format(value: Mapping[str, object]) -> list[StructuredOutput]:
 
 
 def _structured_outputs(value: Mapping[str, object]) -> GrammarSpec:
-    named = [kind for kind in _OUTPUT_KINDS if value.get(kind) not in (None, False)]
+    # Identity, not equality: 0 is not `false` here, it is a json_object of the wrong type.
+    named = [k for k in _OUTPUT_KINDS if value.get(k) is not None and value.get(k) is not False]
     if len(named) != 1:
         raise InvalidRequestError(
             f"`structured_outputs` must set exactly one of {', '.join(_OUTPUT_KINDS)}",
@@ -111,6 +112,8 @@ def _structured_outputs(value: Mapping[str, object]) -> GrammarSpec:
         )
     kind, content = named[0], value[named[0]]
     param = "structured_outputs"
+    if kind == "json_object" and content is not True:
+        raise InvalidRequestError("`structured_outputs.json_object` must be a boolean", param=param)
     if kind == "json":
         if isinstance(content, str):
             content = _parse_json(content)

@@ -154,7 +154,7 @@ class LlguidanceCompiler:
         what = _WHAT[spec.kind]
         try:
             grammar = _grammar_text(spec)
-        except (ValueError, TypeError) as error:
+        except Exception as error:  # noqa: BLE001 - whatever the source is, it is the caller's
             raise InvalidRequestError(f"{what} is invalid: {error}", param=spec.param) from None
         matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0, limits=self._limits)
         # The first mask builds the lexer's start states, where an unworkable grammar shows.
