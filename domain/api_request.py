@@ -9,6 +9,7 @@ from domain.logprob_rules import NO_LOGPROBS_ASKED, LogprobAsk
 from domain.logprobs import LogprobOptions
 from domain.ranges import CHOICES, COMPLETION_MAX_TOKENS, TOKEN_ID
 from domain.sampling import SamplingParams
+from domain.structured_rules import StructuredOutput
 
 MAX_PROMPTS = 64
 MAX_TOTAL_CHOICES = 128
@@ -49,6 +50,8 @@ class ApiRequest:
     stream_options: StreamOptions | None = None
     logprob_ask: LogprobAsk = NO_LOGPROBS_ASKED
     return_tokens_as_token_ids: bool = False
+    # What `response_format`, `structured_outputs` or a forced tool call constrain the output to.
+    structure: StructuredOutput = StructuredOutput()
 
     def __post_init__(self) -> None:
         CHOICES.check(self.n, "n")

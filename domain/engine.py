@@ -15,7 +15,7 @@ from domain.channel import OutputChannel
 from domain.commit import min_tokens_ban, stop_token_ids
 from domain.emission import ChoiceEmission
 from domain.engine_request import CheckedRequest, EngineRequest, fresh_seed
-from domain.errors import LogprobDataError, OverloadedError
+from domain.errors import InvalidRequestError, LogprobDataError, OverloadedError
 from domain.logprob_rules import LogprobLimits, check_logprob_ask
 from domain.logprobs import PositionLogprobs
 from domain.outputs import ChoiceDelta, PromptScores, RequestEnd, Usage
@@ -30,6 +30,7 @@ from domain.step_tally import ChoiceTimeline, StepTally
 
 if TYPE_CHECKING:  # the domain drives ports but never needs them at run time
     from ports.executor import ModelExecutor
+    from ports.grammar import GrammarCompiler
     from ports.metrics import EngineObserver
     from ports.tokenizer import Tokenizer
 
@@ -83,6 +84,7 @@ class Engine:
         *,
         observer: EngineObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         self._config = config or EngineConfig()
         self._observer = observer or UnobservedSteps()
@@ -93,6 +95,7 @@ class Engine:
             self._config.speculative.check_token_capacity(geometry.token_capacity)
         self._executor = executor
         self._tokenizer = tokenizer
+        self._grammars = grammars
         self.max_model_len = geometry.max_model_len
         self.vocab_size = geometry.vocab_size
         self.logprob_limits = LogprobLimits(
@@ -131,6 +134,13 @@ class Engine:
         """Raises InvalidRequestError for a request this engine cannot take; admits nothing."""
         request.check_limits(self.vocab_size, self.max_model_len)
         check_logprob_ask(request.logprobs, self.logprob_limits)
+        if request.grammar is not None:
+            if self._grammars is None:
+                raise InvalidRequestError(
+                    "structured outputs need a grammar engine, and this server has none",
+                    param=request.grammar.param,
+                )
+            self._grammars.compile(request.grammar)
         return CheckedRequest(request, self)
 
     def submit(self, request: EngineRequest, channel: OutputChannel | None = None) -> OutputChannel:
@@ -345,6 +355,7 @@ class Engine:
         if request.prefill_only:
             max_tokens = 0
         eos = self._tokenizer.eos_token_ids
+        constrained = request.grammar is not None
         sequences = [
             Sequence(
                 request_id=request.request_id,
@@ -353,12 +364,13 @@ class Engine:
                 params=params,
                 seed=request.choice_seed(index, fallback),
                 max_tokens=max_tokens,
-                stop_token_ids=stop_token_ids(params, eos),
-                banned_until_min_tokens=min_tokens_ban(params, eos),
+                stop_token_ids=stop_token_ids(params, eos, constrained=constrained),
+                banned_until_min_tokens=min_tokens_ban(params, eos, constrained=constrained),
                 arrival=next(self._arrivals),
                 logprobs=request.options,
                 # One choice scores the prompt; the scores belong to the request, not a choice.
                 score_prompt=request.score_prompt and index == 0,
+                grammar=request.grammar,
             )
             for index in range(request.n)
         ]

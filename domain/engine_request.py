@@ -6,6 +6,7 @@ import random
 from dataclasses import dataclass, field
 
 from domain.errors import InvalidRequestError
+from domain.grammar import GrammarSpec
 from domain.logprob_rules import NO_LOGPROBS_ASKED, LogprobAsk
 from domain.logprobs import LogprobOptions
 from domain.ranges import CHOICES, check_token_ids
@@ -20,7 +21,8 @@ class EngineRequest:
     """What the engine generates for one prompt; `n` choices share it and differ by seed.
 
     `logprobs` is the request's logprob ask (`domain.logprob_rules`); with `prefill_only` the
-    prompt is scored and nothing is generated (echo with `max_tokens` 0).
+    prompt is scored and nothing is generated (echo with `max_tokens` 0). With a `grammar`
+    every choice's output is constrained to it.
     """
 
     request_id: str
@@ -29,6 +31,7 @@ class EngineRequest:
     n: int = 1
     logprobs: LogprobAsk = NO_LOGPROBS_ASKED
     prefill_only: bool = False
+    grammar: GrammarSpec | None = None
 
     def __post_init__(self) -> None:
         if self.prefill_only and not self.score_prompt:

@@ -314,6 +314,7 @@ class Scheduler:
             propose=propose,
             draft_feed=sequence.tokens_between(sequence.draft_computed, end) if propose else (),
             draft_start=sequence.draft_computed if propose else 0,
+            grammar=sequence.grammar,
         )
 
 

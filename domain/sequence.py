@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from domain.grammar import GrammarSpec
 from domain.logprobs import LogprobOptions
 from domain.sampling import SamplingParams
 from domain.speculation import NgramProposer
@@ -42,6 +43,8 @@ class Sequence:
     in_flight: int = 0
     num_preemptions: int = 0
     logprobs: LogprobOptions | None = None
+    # The output constraint; the executor walks it over the sequence's generated tokens.
+    grammar: GrammarSpec | None = None
     # Prompt scoring: whether this choice scores its prompt, and how many prompt rows (row r
     # scores position r + 1) are published; preemption keeps the count, so nothing repeats.
     score_prompt: bool = False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from domain.grammar import GrammarSpec
 from domain.logprobs import LogprobOptions, PositionLogprobs
 from domain.prompt_scores import PromptScore
 from domain.records import CompletionRecord
@@ -64,6 +65,10 @@ class SlotWork:
     width-one round), every fed token's row is a target row, and the commit emits the accepted
     drafts and one more token (`domain.commit.commit_round` clips them), from position
     `first_emitted_position` on.
+
+    A lane with a `grammar` samples every token from its grammar's allowed set (each target row
+    of a speculative lane under the grammar's state after the drafts before it); its generated
+    tokens are the fed tokens at positions from `prompt_len` on, then what its records emit.
     """
 
     slot: int
@@ -88,6 +93,7 @@ class SlotWork:
     propose: int = 0
     draft_feed: tuple[int, ...] = ()
     draft_start: int = 0
+    grammar: GrammarSpec | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:

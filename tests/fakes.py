@@ -1,13 +1,18 @@
 """Fakes of our own ports for unit tests: a deterministic executor, a tiny byte tokenizer, a
-recording engine observer and a clock that moves only when told."""
+grammar compiler of literal choices, a recording engine observer and a clock that moves only
+when told."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from domain.commit import commit_round
+from domain.errors import InvalidRequestError
+from domain.grammar import GrammarKind, GrammarSpec
 from domain.logprobs import (
     NATURAL_TOP_K,
     NO_TOKEN,
@@ -25,6 +30,7 @@ from domain.step_stats import SchedulerState, StepStats
 
 if TYPE_CHECKING:
     from ports.executor import ModelExecutor
+    from ports.grammar import CompiledGrammar, GrammarCompiler, GrammarMatcher
     from ports.tokenizer import Tokenizer
 
 FAKE_VOCAB = 64
@@ -109,8 +115,12 @@ class FakeExecutor:
         eos_after: int | None = None,
         model: FakeModel = next_token,
         draft_model: FakeModel | None = None,
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         self.geometry = geometry
+        self._grammars = grammars
+        # slot -> (epoch, matcher, generated tokens it accepted), as a real executor keeps them
+        self._matchers: dict[int, tuple[int, GrammarMatcher, int]] = {}
         self._model = model
         self._draft_model = draft_model
         self._draft_contexts: dict[int, list[int]] = {}
@@ -142,6 +152,7 @@ class FakeExecutor:
                 records.append(self._verify(work, context))
             else:
                 emitted, finish = commit_round(work, (self._sample(work, context),))
+                self._advance(work, emitted)
                 records.append(
                     CompletionRecord(
                         work.slot,
@@ -191,17 +202,49 @@ class FakeExecutor:
         if scores is not None:
             scores.append(tuple(rows))
         self._tables[work.slot] = work.block_table
+        if work.grammar is not None:
+            self._catch_up(work)
         return context
 
+    def _catch_up(self, work: SlotWork) -> None:
+        """A new epoch starts a fresh matcher, which then accepts re-fed generated tokens."""
+        if self._grammars is None or work.grammar is None:
+            raise AssertionError("a lane is constrained, but the fake has no grammar compiler")
+        state = self._matchers.get(work.slot)
+        if state is None or state[0] != work.epoch:
+            state = (work.epoch, self._grammars.compile(work.grammar).matcher(), 0)
+        epoch, matcher, generated = state
+        fed = work.token_ids[: len(work.token_ids) - len(work.drafts)]
+        unseen = fed[max(0, work.prompt_len + generated - work.start_position) :]
+        if unseen and not matcher.accept(unseen):
+            raise AssertionError(f"slot {work.slot}: the grammar refused fed output {unseen}")
+        self._matchers[work.slot] = (epoch, matcher, generated + len(unseen))
+
+    def _advance(self, work: SlotWork, emitted: Sequence[int]) -> None:
+        if work.grammar is None or not emitted:
+            return
+        epoch, matcher, generated = self._matchers[work.slot]
+        if not matcher.accept(emitted):
+            raise AssertionError(f"slot {work.slot}: the grammar refused emitted {emitted}")
+        self._matchers[work.slot] = (epoch, matcher, generated + len(emitted))
+
     def _sample(self, work: SlotWork, context: Sequence[int]) -> int:
-        """The fake model's (greedy) choice after `context`."""
-        token_id = self._model(context, self.geometry.vocab_size)
+        """The fake model's (greedy) choice after `context`; a constrained lane takes it when
+        its grammar allows it, else the allowed token of the highest fake logprob."""
+        vocab_size = self.geometry.vocab_size
+        token_id = self._model(context, vocab_size)
         generated = len(context) - work.prompt_len + 1
         if self._eos_after is not None and generated > self._eos_after:
             token_id = FAKE_EOS
         if token_id in work.banned_token_ids:
-            token_id = 1 + token_id % (self.geometry.vocab_size - 1)
-        return token_id
+            token_id = 1 + token_id % (vocab_size - 1)
+        if work.grammar is None:
+            return token_id
+        allowed = self._matchers[work.slot][1].allowed_token_ids()
+        if token_id in allowed:
+            return token_id
+        values = fake_logprobs(context, vocab_size, self._model)
+        return max(allowed, key=lambda t: sort_key(values[t], t))
 
     def _propose(self, work: SlotWork, context: list[int]) -> tuple[int, ...]:
         """The fake draft model's greedy drafts, on a draft cache it checks like a real one:
@@ -233,17 +276,23 @@ class FakeExecutor:
         context.extend(drafts[len(work.drafts) :])  # proposed drafts are fed like history ones
         cached = len(context) - len(drafts)
         sampled: list[int] = []
+        matcher = self._matchers[work.slot][1] if work.grammar is not None else None
         for draft in drafts:
             token_id = self._sample(work, context[: cached + len(sampled)])
             sampled.append(token_id)
             if token_id != draft:
                 break
+            if matcher is not None:
+                matcher.accept((draft,))  # the next row is masked after the drafts before it
         else:
             sampled.append(self._sample(work, context[: cached + len(sampled)]))
         accepted = len(sampled) - 1
+        if matcher is not None:
+            matcher.rollback(accepted)
         # Rejected drafts were fed, but a real cache's positions for them hold nothing valid.
         del context[cached + accepted :]
         emitted, finish = commit_round(work, sampled)
+        self._advance(work, emitted)
         return CompletionRecord(
             work.slot,
             work.epoch,
@@ -315,6 +364,61 @@ class FakeTokenizer:
         return "".join(str(m["content"]) for m in messages)
 
 
+@dataclass
+class FakeChoiceMatcher:
+    """Implements GrammarMatcher over literal choices spelled in FakeTokenizer letters."""
+
+    choices: tuple[str, ...]
+    text: str = ""
+    history: tuple[str, ...] = ()
+
+    @property
+    def is_finished(self) -> bool:
+        return self.text in self.choices
+
+    def allowed_token_ids(self) -> frozenset[int]:
+        letters = {
+            c[len(self.text)] for c in self.choices if c.startswith(self.text) and c != self.text
+        }
+        allowed = {t for t in range(1, FAKE_VOCAB) if chr(ord("a") + t % 26) in letters}
+        return frozenset(allowed | ({FAKE_EOS} if self.is_finished else set()))
+
+    def accept(self, token_ids: Sequence[int]) -> bool:
+        for token_id in token_ids:
+            if token_id not in self.allowed_token_ids():
+                return False
+            self.history += (self.text,)
+            self.text += "" if token_id == FAKE_EOS else chr(ord("a") + token_id % 26)
+        return True
+
+    def rollback(self, count: int) -> None:
+        if count:
+            self.text, self.history = self.history[-count], self.history[:-count]
+
+
+@dataclass(frozen=True)
+class FakeChoiceGrammar:
+    choices: tuple[str, ...]
+
+    def matcher(self) -> FakeChoiceMatcher:
+        return FakeChoiceMatcher(self.choices)
+
+
+class FakeGrammarCompiler:
+    """Implements GrammarCompiler for FakeTokenizer: choices of lowercase words only; any other
+    spec is a 400 naming its field. `compiled` counts the compiles that reached it."""
+
+    def __init__(self) -> None:
+        self.compiled = 0
+
+    def compile(self, spec: GrammarSpec) -> FakeChoiceGrammar:
+        self.compiled += 1
+        choices = json.loads(spec.source) if spec.kind is GrammarKind.CHOICE else None
+        if choices is None or not all(c.isalpha() and c.islower() for c in choices):
+            raise InvalidRequestError("the fake compiles lowercase choices only", param=spec.param)
+        return FakeChoiceGrammar(tuple(choices))
+
+
 class RecordingObserver:
     """Implements EngineObserver: keeps every StepStats it is given."""
 
@@ -353,3 +457,6 @@ class ManualClock:
 if TYPE_CHECKING:  # mypy holds the fakes to the ports they stand in for
     _EXECUTOR: type[ModelExecutor] = FakeExecutor
     _TOKENIZER: type[Tokenizer] = FakeTokenizer
+    _COMPILER: type[GrammarCompiler] = FakeGrammarCompiler
+    _GRAMMAR: type[CompiledGrammar] = FakeChoiceGrammar
+    _MATCHER: type[GrammarMatcher] = FakeChoiceMatcher

@@ -10,6 +10,7 @@ from adapters.core.export import resolve_core
 from adapters.gpu.factory import ExecutorRecipe, RunnerSettings
 from adapters.gpu.loading.default_model import resolve_model_dir
 from adapters.gpu.parallel.launch import ParallelLaunch, start_world
+from adapters.grammar.llguidance_compiler import LlguidanceCompiler
 from adapters.tokenizer.hf import HfTokenizer
 from domain.engine import Engine, EngineConfig
 from domain.speculation import SpeculativeConfig
@@ -66,8 +67,13 @@ def load(
     config = replace(engine_config, max_num_seqs=runner.max_num_seqs)
     name = served_name(model, served_model_name)
     if runner.tensor_parallel_size == 1:
-        engine = Engine(recipe.build(), tokenizer, config, observer=observer)
+        # One compiler (and so one grammar cache) for the admission check and the executor.
+        grammars = LlguidanceCompiler(tokenizer)
+        executor = recipe.build(grammars=grammars)
+        engine = Engine(executor, tokenizer, config, observer=observer, grammars=grammars)
         return LoadedModel(engine, tokenizer, name, model_dir)
+    # Grammar masks are not split over vocabulary shards yet: without a compiler the engine
+    # refuses constrained requests with a 400 before admission.
     world = start_world(recipe, parallel, on_failure=on_failure)
     engine = Engine(world.executor, tokenizer, config, observer=observer)
     return LoadedModel(

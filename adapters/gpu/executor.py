@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,8 @@ from adapters.gpu.sampling.sampler import Sampler
 from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
 from adapters.gpu.scoring.prompt_scorer import PromptScorer
 from adapters.gpu.speculation.draft_runner import DraftRunner
+from adapters.grammar.lanes import GrammarLanes, RowMasks
+from adapters.grammar.llguidance_compiler import LlguidanceCompiler
 from domain.commit import commit_round
 from domain.prompt_scores import PROMPT_ROW_WORDS
 from domain.records import CompletionRecord, Role
@@ -55,6 +58,11 @@ class TorchExecutor:
     verifies through the sharded exchanges, takes rank 0's outcome (the acceptance broadcast)
     and reduces its shard through the vocabulary-parallel logprob reducer and prompt scorer.
     Only rank 0 reads frames back.
+
+    Constrained lanes (`SlotWork.grammar`) get their token masks from `GrammarLanes`, computed
+    on a worker thread while the forward runs and applied to the sampler's scratch only; the
+    reduction still reads the raw rows. A split executor has no grammar engine: masks over
+    vocabulary shards are not built yet.
     """
 
     def __init__(
@@ -66,8 +74,12 @@ class TorchExecutor:
         *,
         logprobs_backend: str = "reference",
         draft: DraftRunner | None = None,
+        grammars: LlguidanceCompiler | None = None,
     ) -> None:
+        if grammars is not None and model.split is not None:
+            raise ValueError("grammar masks are not split over tensor-parallel ranks")
         self._model = model
+        self._grammar = GrammarLanes(grammars, device) if grammars is not None else None
         self._draft = draft
         self._kv_cache = kv_cache
         self._geometry = geometry
@@ -140,6 +152,13 @@ class TorchExecutor:
     def _forward(self, frame: int, plan: StepPlan) -> _Round | None:
         sampling = [work for work in plan.works if work.sample]
         drafts, q = self._drafts(sampling)
+        first_rows = list(
+            itertools.accumulate(
+                (1 + len(d) if w.speculative else 1 for w, d in zip(sampling, drafts, strict=True)),
+                initial=0,
+            )
+        )[:-1]
+        masks = self._start_masks(plan, sampling, drafts, first_rows)
         # Proposed drafts are fed after the lane's tokens, as history drafts already are.
         proposed = iter(drafts)
         chunks = []
@@ -153,15 +172,14 @@ class TorchExecutor:
             targets = [target for work in plan.works for target in work.prompt_targets]
             lanes = [len(work.token_ids) for work in plan.works]
             self._scores.score(frame, hidden, targets, lanes, self._model.compute_logits)
+        row_masks = masks.result() if masks is not None else None
         if not sampling:
             return None
         ends = list(itertools.accumulate(batch.chunk_lengths))
         lane_drafts = iter(drafts)
         rows: list[int] = []
-        first_rows: list[int] = []
         for index, work in enumerate(plan.works):
             if work.sample:
-                first_rows.append(len(rows))
                 count = 1 + len(next(lane_drafts)) if work.speculative else 1
                 rows.extend(range(ends[index] - count, ends[index]))
         selected = torch.tensor(rows, dtype=torch.int64, device=self._device)
@@ -175,6 +193,10 @@ class TorchExecutor:
         tensors = sampling_tensors(
             sampled_rows, self._geometry.vocab_size, self._device, self._penalties, self._lanes
         )
+        if row_masks is not None:
+            tensors = dataclasses.replace(
+                tensors, mask_rows=row_masks.rows, token_bitmask=row_masks.bitmask
+            )
         if not any(work.speculative for work in sampling):
             (chosen,) = self._agree(self._sampler.sample(logits, tensors))
             return _Round(
@@ -208,6 +230,19 @@ class TorchExecutor:
         self._collectives.broadcast(words, "acceptance")
         parts = words.split([part.shape[0] for part in outcome])
         return [part.to(like.dtype) for part, like in zip(parts, outcome, strict=True)]
+
+    def _start_masks(
+        self,
+        plan: StepPlan,
+        sampling: list[SlotWork],
+        drafts: list[tuple[int, ...]],
+        first_rows: list[int],
+    ) -> Future[RowMasks] | None:
+        if self._grammar is None:
+            if any(work.grammar is not None for work in plan.works):
+                raise ValueError("a lane is constrained, but the executor has no grammar engine")
+            return None
+        return self._grammar.start(plan.works, sampling, drafts, first_rows)
 
     def _drafts(
         self, sampling: list[SlotWork]
@@ -246,6 +281,8 @@ class TorchExecutor:
             drafts, tokens, accepted = next(rounds)
             emitted, finish = commit_round(work, tokens)
             self._penalties.accept(work, drafts[:accepted])
+            if self._grammar is not None:
+                self._grammar.commit(work, emitted)
             records.append(
                 CompletionRecord(
                     slot=work.slot,

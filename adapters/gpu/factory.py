@@ -15,6 +15,7 @@ from adapters.gpu.parallel.collectives import Collectives
 from adapters.gpu.parallel.split import RankSplit, split_model
 from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
 from adapters.gpu.speculation.draft_runner import DraftRunner
+from adapters.grammar.llguidance_compiler import LlguidanceCompiler
 from domain.blocks import blocks_needed
 from domain.capabilities import FULL_LOGPROBS, LogprobCapability
 from domain.records import resolve_token_capacity
@@ -111,6 +112,7 @@ def build_executor(
     draft_dir: Path | None = None,
     collectives: Collectives | None = None,
     local_rank: int = 0,
+    grammars: LlguidanceCompiler | None = None,
 ) -> TorchExecutor:
     """Loads the weights and sizes the KV pool; `vocab_size` is the tokenizer's real vocabulary.
 
@@ -187,7 +189,9 @@ def build_executor(
         draft = DraftRunner(
             draft_model, draft_cache, geometry.vocab_size, device, model.collectives
         )
-    return TorchExecutor(model, kv_cache, geometry, device, logprobs_backend=backend, draft=draft)
+    return TorchExecutor(
+        model, kv_cache, geometry, device, logprobs_backend=backend, draft=draft, grammars=grammars
+    )
 
 
 def check_draft_vocabulary(draft_config: ModelConfig, vocab_size: int) -> None:
@@ -212,7 +216,12 @@ class ExecutorRecipe:
     token_capacity: int | None = None
     draft_dir: Path | None = None
 
-    def build(self, collectives: Collectives | None = None, local_rank: int = 0) -> TorchExecutor:
+    def build(
+        self,
+        collectives: Collectives | None = None,
+        local_rank: int = 0,
+        grammars: LlguidanceCompiler | None = None,
+    ) -> TorchExecutor:
         return build_executor(
             self.model_dir,
             self.settings,
@@ -223,4 +232,5 @@ class ExecutorRecipe:
             draft_dir=self.draft_dir,
             collectives=collectives,
             local_rank=local_rank,
+            grammars=grammars,
         )

@@ -16,7 +16,14 @@ from adapters.http.streaming import stream_chunks
 from domain.api_request import ApiRequest
 from domain.logprob_presentation import TokenRendering, chat_logprobs, vllm_prompt_logprobs
 from domain.outputs import ChoiceDelta, LogprobEntry, Usage
-from domain.presentation import ResponseHeader, chat_choice, chat_chunk, chat_response
+from domain.presentation import (
+    ResponseHeader,
+    chat_choice,
+    chat_chunk,
+    chat_response,
+    tool_finish,
+)
+from domain.tool_calls import ToolCallStream, collect_tool_calls
 
 
 class ChatCompletionsResource:
@@ -34,7 +41,15 @@ class ChatCompletionsResource:
             resp.sse = _stream(header, job, group, rendering)
             return
         collected = await generation.collect(group, job)
-        body = [chat_choice(c, _logprobs(job, c.logprobs, rendering)) for c in collected.choices]
+        mode = job.structure.tool_calls
+        body = [
+            chat_choice(
+                c,
+                _logprobs(job, c.logprobs, rendering),
+                collect_tool_calls(mode, c.text) if mode is not None else None,
+            )
+            for c in collected.choices
+        ]
         prompt_logprobs = None
         if job.prompt_logprobs is not None:
             prompt_logprobs = vllm_prompt_logprobs(
@@ -57,12 +72,17 @@ def _logprobs(
 def _stream(
     header: ResponseHeader, job: ApiRequest, group: RequestGroup, rendering: TokenRendering
 ) -> AsyncIterator[SSEvent]:
+    mode = job.structure.tool_calls
+    calls = {index: ToolCallStream(mode) for index in range(job.n)} if mode is not None else {}
+
     def build(index: int, delta: ChoiceDelta, text: str, usage: Usage | None) -> dict:
-        content = {"content": text} if text else {}
+        content: dict = {"content": text} if text else {}
+        if index in calls:
+            deltas = calls[index].feed(text)
+            content = {"tool_calls": [d.to_wire() for d in deltas]} if deltas else {}
         logprobs = _logprobs(job, delta.logprobs, rendering)
-        return chat_chunk(
-            header, index, content, delta.finish_reason, delta.stop_reason, usage, logprobs
-        )
+        finish = tool_finish(delta.finish_reason, index in calls)
+        return chat_chunk(header, index, content, finish, delta.stop_reason, usage, logprobs)
 
     opening = [
         chat_chunk(header, index, {"role": "assistant", "content": ""}) for index in range(job.n)

@@ -52,7 +52,12 @@ class CompletionsResource:
             for index, prompt in enumerate(job.prompts):
                 served.engine.check(
                     EngineRequest(
-                        f"{header.id}-{index}", prompt.token_ids, job.params, job.n, job.logprob_ask
+                        f"{header.id}-{index}",
+                        prompt.token_ids,
+                        job.params,
+                        job.n,
+                        job.logprob_ask,
+                        grammar=job.structure.grammar,
                     )
                 )
             result = _echo_only(job)

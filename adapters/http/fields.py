@@ -70,6 +70,24 @@ def read_str(body: dict, name: str, default: str | None) -> str | None:
     return value
 
 
+def read_object_field(body: dict, name: str) -> dict | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _fail(name, "an object")
+    return value
+
+
+def read_object_list(body: dict, name: str) -> tuple[dict, ...] | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise _fail(name, "a list of objects")
+    return tuple(value)
+
+
 def read_int_list(body: dict, name: str) -> tuple[int, ...]:
     value = body.get(name)
     if value is None:

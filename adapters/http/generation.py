@@ -35,6 +35,7 @@ def request_group(
             job.n,
             logprobs=job.logprob_ask,
             prefill_only=job.scores_prompt and not job.generates,
+            grammar=job.structure.grammar,
         )
         for index, prompt in enumerate(job.prompts)
     ]

@@ -14,6 +14,8 @@ from adapters.http.fields import (
     read_int_list,
     read_logit_bias,
     read_object,
+    read_object_field,
+    read_object_list,
     read_stop,
     read_str,
 )
@@ -22,6 +24,7 @@ from domain.errors import InvalidRequestError
 from domain.logprob_rules import LogprobAsk
 from domain.ranges import COMPLETION_MAX_TOKENS, TOKEN_BUDGET, check_token_ids
 from domain.sampling import SamplingParams
+from domain.structured_rules import StructuredAsk, resolve_structure
 
 _ROLES = ("system", "user", "assistant", "developer", "tool")
 
@@ -47,7 +50,8 @@ def completion_request(raw: Any, tokenizer: _Tokenizer) -> ApiRequest:
     COMPLETION_MAX_TOKENS.check(max_tokens, "max_tokens")
     count = read_int(body, "logprobs", None)
     ask = _logprob_ask(body, wanted=count is not None, count=count, count_param="logprobs")
-    return _api_request(body, _completion_prompts(body.get("prompt"), tokenizer), max_tokens, ask)
+    prompts = _completion_prompts(body.get("prompt"), tokenizer)
+    return _api_request(body, prompts, max_tokens, ask, _structured_ask(body, chat=False))
 
 
 def chat_request(raw: Any, tokenizer: _Tokenizer) -> ApiRequest:
@@ -71,7 +75,7 @@ def chat_request(raw: Any, tokenizer: _Tokenizer) -> ApiRequest:
     max_tokens = _token_budget(body, "max_completion_tokens")
     if max_tokens is None:
         max_tokens = legacy_max_tokens
-    return _api_request(body, (prompt,), max_tokens, ask)
+    return _api_request(body, (prompt,), max_tokens, ask, _structured_ask(body, chat=True))
 
 
 def _token_budget(body: dict, name: str) -> int | None:
@@ -81,8 +85,29 @@ def _token_budget(body: dict, name: str) -> int | None:
     return budget
 
 
+def _structured_ask(body: dict, *, chat: bool) -> StructuredAsk:
+    """The output-constraint fields as sent; `domain.structured_rules` decides what they mean.
+    Tools belong to chat only."""
+    tool_choice = body.get("tool_choice") if chat else None
+    if tool_choice is not None and not isinstance(tool_choice, (str, dict)):
+        raise InvalidRequestError(
+            "`tool_choice` must be a string or an object.", param="tool_choice"
+        )
+    return StructuredAsk(
+        response_format=read_object_field(body, "response_format"),
+        structured_outputs=read_object_field(body, "structured_outputs"),
+        tools=read_object_list(body, "tools") if chat else None,
+        tool_choice=tool_choice,
+        parallel_tool_calls=read_bool(body, "parallel_tool_calls", True) if chat else True,
+    )
+
+
 def _api_request(
-    body: dict, prompts: tuple[Prompt, ...], max_tokens: int | None, logprob_ask: LogprobAsk
+    body: dict,
+    prompts: tuple[Prompt, ...],
+    max_tokens: int | None,
+    logprob_ask: LogprobAsk,
+    structured: StructuredAsk,
 ) -> ApiRequest:
     n = read_int(body, "n", 1)
     params = SamplingParams(
@@ -113,6 +138,7 @@ def _api_request(
         stream_options=_stream_options(body),
         logprob_ask=logprob_ask,
         return_tokens_as_token_ids=read_bool(body, "return_tokens_as_token_ids", False),
+        structure=resolve_structure(structured),
     )
 
 

@@ -56,6 +56,8 @@ BASES: dict[str, tuple[dict, ...]] = {
             "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         },
+        {"prompt": "hi", "max_tokens": 1, "structured_outputs": {"regex": "[a-z]+"}},
+        {"prompt": "hi", "max_tokens": 1, "structured_outputs": {"choice": ["yes", "no"]}},
     ),
     "/v1/chat/completions": (
         {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
@@ -71,6 +73,26 @@ BASES: dict[str, tuple[dict, ...]] = {
             "logit_bias": {"5": 1},
             "logprobs": True,
             "top_logprobs": 1,
+        },
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 1,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "t", "schema": {"type": "object"}},
+            },
+        },
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 1,
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {"name": "f", "parameters": {"type": "object"}},
+                }
+            ],
+            "tool_choice": {"type": "function", "function": {"name": "f"}},
+            "parallel_tool_calls": True,
         },
     ),
     "/tokenize": ({"prompt": "hi"}, {"messages": [{"role": "user", "content": "hi"}]}),

@@ -428,6 +428,19 @@ def test_two_ranks_score_an_echoed_prompt_as_they_generate_it(client):
         assert abs(value - reference) <= 1e-3
 
 
+def test_two_ranks_refuse_a_structured_output_request_with_a_400_before_admission(client):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(
+            model=SMOLLM2,
+            prompt=PROMPT,
+            max_tokens=4,
+            extra_body={"structured_outputs": {"choice": ["Paris", "Lyon"]}},
+        )
+
+    assert refused.value.body["param"] == "structured_outputs"
+    assert "grammar" in refused.value.body["message"]
+
+
 def test_killing_the_peer_rank_mid_stream_fails_the_stream_at_once_and_gunicorn_restarts_the_world(
     smollm2_tp2: RunningServer, client
 ):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from adapters.gpu.factory import RunnerSettings, build_executor
+from adapters.grammar.llguidance_compiler import LlguidanceCompiler
 from adapters.tokenizer.hf import HfTokenizer
 from domain.capabilities import FULL_LOGPROBS, LogprobCapability
 from domain.engine import Engine, EngineConfig
@@ -38,8 +39,14 @@ def build_engine(
         block_size=block_size,
     )
     draft_dir = Path(speculative.model) if speculative and speculative.model else None
+    grammars = LlguidanceCompiler(tokenizer)
     executor = build_executor(
-        model_dir, settings, tokenizer.vocab_size, capability=capability, draft_dir=draft_dir
+        model_dir,
+        settings,
+        tokenizer.vocab_size,
+        capability=capability,
+        draft_dir=draft_dir,
+        grammars=grammars,
     )
     plans: list[StepPlan] = []
     submit = executor.submit
@@ -52,7 +59,7 @@ def build_engine(
     config = EngineConfig(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, speculative=speculative
     )
-    return Engine(executor, tokenizer, config), tokenizer, plans
+    return Engine(executor, tokenizer, config, grammars=grammars), tokenizer, plans
 
 
 def drain(engine: Engine, requests: list[EngineRequest]) -> dict[str, list]:

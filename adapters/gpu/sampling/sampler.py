@@ -51,6 +51,8 @@ class SamplingTensors:
     `all_greedy` (every temperature is 0), `any_penalties` (some row uses a penalty; then
     `output_counts` is required), `any_top_k_top_p`, `any_min_p` (some row may use that filter).
     `seeds` and `counters` (the position of the token being sampled) key each row's noise.
+    A grammar constrains rows `mask_rows` (int64 [M]): `token_bitmask` (int32 [M, W], bit
+    t % 32 of word t // 32) holds the tokens each may sample; the others cost nothing.
     """
 
     temperature: Tensor
@@ -74,6 +76,8 @@ class SamplingTensors:
     # Leaving these True is always correct; False skips the sort or the max that the filter costs.
     any_top_k_top_p: bool = True
     any_min_p: bool = True
+    mask_rows: Tensor | None = None
+    token_bitmask: Tensor | None = None
 
     def __post_init__(self) -> None:
         for name in _FLAG_FIELDS:
@@ -102,6 +106,13 @@ class SamplingTensors:
             raise ValueError("any_penalties needs output_counts")
         if not self.any_penalties and self.prompt_mask is not None:
             raise ValueError("prompt_mask is given but any_penalties is False")
+        if (self.mask_rows is None) != (self.token_bitmask is None):
+            raise ValueError("mask_rows and token_bitmask come together")
+        if self.mask_rows is not None and self.token_bitmask is not None:
+            masks = _length(self.mask_rows)
+            _check_tensor("mask_rows", self.mask_rows, torch.int64, device, (masks,))
+            words = self.token_bitmask.shape[-1] if self.token_bitmask.dim() == 2 else -1
+            _check_tensor("token_bitmask", self.token_bitmask, torch.int32, device, (masks, words))
 
     @property
     def rows(self) -> int:
@@ -138,7 +149,18 @@ def edited_logits(logits: Tensor, tensors: SamplingTensors) -> Tensor:
         scratch.index_put_((tensors.banned_rows, tensors.banned_token_ids), banned)
     if tensors.any_penalties:
         _apply_penalties(scratch, tensors)
+    if tensors.mask_rows is not None and tensors.token_bitmask is not None:
+        # Scratch only: the logprob reduction reads the raw logits, never this copy.
+        allowed = allowed_columns(tensors.token_bitmask, scratch.shape[1])
+        rows = scratch.index_select(0, tensors.mask_rows).masked_fill_(~allowed, -math.inf)
+        scratch.index_copy_(0, tensors.mask_rows, rows)
     return scratch
+
+
+def allowed_columns(bitmask: Tensor, vocab_size: int) -> Tensor:
+    """bool [M, vocab_size]: the bits of `bitmask` int32 [M, W] unpacked per token."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    return ((bitmask.unsqueeze(2) >> shifts) & 1).flatten(1)[:, :vocab_size].bool()
 
 
 def _apply_penalties(scratch: Tensor, tensors: SamplingTensors) -> None:
@@ -359,7 +381,12 @@ class Sampler:
 
 
 def _needs_edit(tensors: SamplingTensors) -> bool:
-    return tensors.any_penalties or tensors.bias_rows.numel() > 0 or tensors.banned_rows.numel() > 0
+    return (
+        tensors.any_penalties
+        or tensors.bias_rows.numel() > 0
+        or tensors.banned_rows.numel() > 0
+        or tensors.mask_rows is not None
+    )
 
 
 def _gumbel_scores(

@@ -1,0 +1,1 @@
+"""Grammar engine adapters: llguidance behind ports.grammar, and per-lane token masks."""

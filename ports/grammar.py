@@ -1,0 +1,48 @@
+"""The grammar port: compiles output constraints and walks them token by token."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from domain.grammar import GrammarSpec
+
+
+class GrammarMatcher(Protocol):
+    """Where one constrained output stands in its grammar.
+
+    Invariants an implementation keeps:
+    - `allowed_token_ids()` is the set of tokens the grammar accepts next; an EOS token is in
+      it exactly when the output so far is complete (`is_finished`).
+    - `accept(ids)` advances by the tokens and returns True only when all were allowed; on
+      False the matcher is unusable (a caller never feeds a token the mask forbade).
+    - `rollback(n)` undoes the last `n` accepted tokens (rejected speculative drafts).
+    """
+
+    @property
+    def is_finished(self) -> bool: ...
+
+    def allowed_token_ids(self) -> frozenset[int]: ...
+
+    def accept(self, token_ids: Sequence[int]) -> bool: ...
+
+    def rollback(self, count: int) -> None: ...
+
+
+class CompiledGrammar(Protocol):
+    """A compiled constraint; every `matcher()` starts at the beginning of the output."""
+
+    def matcher(self) -> GrammarMatcher: ...
+
+
+class GrammarCompiler(Protocol):
+    """Compiles specs for one tokenizer's vocabulary.
+
+    Invariants an implementation keeps:
+    - `compile` raises `InvalidRequestError` with `param = spec.param` for a spec it cannot
+      take (invalid or unsupported schema, regex or grammar, or a compile that overran its time
+      bound), naming the problem; it admits nothing, so the engine calls it before admission.
+    - Equal specs (`GrammarSpec.key`) may return the same cached grammar; the cache is bounded.
+    """
+
+    def compile(self, spec: GrammarSpec) -> CompiledGrammar: ...
