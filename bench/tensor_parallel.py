@@ -32,7 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adapters.core.export import resolve_core  # noqa: E402
 from adapters.gpu.factory import ExecutorRecipe, RunnerSettings  # noqa: E402
+from adapters.gpu.model.config import ModelConfig  # noqa: E402
 from adapters.gpu.parallel.launch import ParallelLaunch, World, start_world  # noqa: E402
+from adapters.gpu.parallel.split import split_model  # noqa: E402
 from adapters.tokenizer.hf import HfTokenizer  # noqa: E402
 from domain.engine import Engine, EngineConfig  # noqa: E402
 from domain.engine_request import EngineRequest  # noqa: E402
@@ -100,12 +102,18 @@ def chat(tokenizer: HfTokenizer, text: str) -> tuple[int, ...]:
     return tuple(tokenizer.encode(rendered, add_special_tokens=False))
 
 
-def generate(contender: Contender, prompts: list[tuple[int, ...]], max_tokens: int) -> Run:
-    """All `prompts` at once, stepped to the end: wall time, tokens, and the bytes sent in the
-    decode steps (every step after the first)."""
+def generate(
+    contender: Contender,
+    prompts: list[tuple[int, ...]],
+    max_tokens: int,
+    params: SamplingParams | None = None,
+) -> Run:
+    """All `prompts` at once, stepped to the end (greedy unless `params` say otherwise): wall
+    time, tokens, and the bytes sent in the decode steps (every step after the first)."""
     torch.set_num_threads(contender.threads)
     engine = contender.engine
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    if params is None:
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     ask = LogprobAsk(wanted=True, count=5)
     channels = [
         engine.submit(EngineRequest(f"r{i}-{time.monotonic_ns()}", p, params, logprobs=ask))
@@ -179,10 +187,38 @@ def process_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+# Sampling settings whose top-k/top-p cutoff the 256 exchanged candidates may not settle.
+TRUNCATIONS = {
+    "top_p 0.9, T 0.8": dict(temperature=0.8, top_p=0.9),
+    "top_p 0.95, T 1.0": dict(temperature=1.0, top_p=0.95),
+    "top_p 0.99, T 1.5": dict(temperature=1.5, top_p=0.99),
+    "top_k 50, top_p 0.95, T 0.7": dict(temperature=0.7, top_k=50, top_p=0.95),
+    "top_k 1000, T 1.0": dict(temperature=1.0, top_k=1000),
+}
+
+
+def gathered_rows(contender: Contender, prompts, max_tokens: int, widest: int) -> list[tuple]:
+    """Per truncation setting: rows sampled, and rows whose cutoff needed their gathered logits
+    (the counted fallback), from rank 0's tally of the "sampling rows gathered" words."""
+    found = []
+    for name, settings in TRUNCATIONS.items():
+        before = contender.sent()["sampling rows gathered"]
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=7, **settings)
+        run = generate(contender, prompts, max_tokens, params)
+        words = (contender.sent()["sampling rows gathered"] - before) // 4
+        found.append((name, run.tokens, words // widest))
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument(
+        "--fallback-only",
+        action="store_true",
+        help="measure only how often top-k/top-p rows gather their logits (no speed rounds)",
+    )
     args = parser.parse_args()
 
     cores = os.cpu_count() or 1
@@ -217,8 +253,17 @@ def main() -> None:
     }
     names = list(contenders)
     peer = world.peers[0].pid
+    prompts = [chat(tokenizer, question) for question in QUESTIONS[:8]]
+    splits = split_model(ModelConfig.from_dir(core.model_dir), 2, tokenizer.vocab_size)
+    widest = max(stop - start for start, stop in (split.vocab for split in splits))
+    if args.fallback_only:
+        try:
+            fallback = gathered_rows(contenders["tp2"], prompts, args.max_tokens, widest)
+        finally:
+            world.close()
+        print_fallback(fallback, len(prompts), args.max_tokens)
+        return
     try:
-        prompts = [chat(tokenizer, question) for question in QUESTIONS[:8]]
         for contender in contenders.values():
             generate(contender, prompts[:1], 8)  # warm-up
         busy, ours = busy_seconds(), process_seconds(os.getpid()) + process_seconds(peer)
@@ -264,6 +309,7 @@ def main() -> None:
         others = (
             busy_seconds() - busy - (process_seconds(os.getpid()) + process_seconds(peer) - ours)
         )
+        fallback = gathered_rows(contenders["tp2"], prompts, args.max_tokens, widest)
     finally:
         world.close()
 
@@ -298,6 +344,19 @@ def main() -> None:
         cells = " | ".join(f"{value:,.0f}" for value in per_token)
         exchanges = counts[EXCHANGES] / max(decode_steps[batch], 1)
         print(f"| {batch} | {cells} | {sum(per_token):,.0f} | {exchanges:.0f} |")
+    print_fallback(fallback, len(prompts), args.max_tokens)
+
+
+def print_fallback(fallback: list[tuple], requests: int, max_tokens: int) -> None:
+    print()
+    print(
+        f"TP2 top-k/top-p rows settled by gathering their logits ({requests} chat requests "
+        f"together, {max_tokens} tokens each, seed 7):"
+    )
+    print("| sampling | rows sampled | rows gathered | share |")
+    print("|---|---|---|---|")
+    for name, sampled, gathered in fallback:
+        print(f"| {name} | {sampled} | {gathered} | {gathered / max(sampled, 1):.1%} |")
 
 
 if __name__ == "__main__":
