@@ -134,7 +134,8 @@ def test_split_smollm2_keeps_every_greedy_token_and_value(single, split):
         for mine, theirs in zip(split[name]["entries"], reference["entries"], strict=True):
             swaps += _agree(mine, theirs)
             compared += 1
-    assert compared > 150
+    # Every entry of the one-rank run was compared (126 of them: some answers end early).
+    assert compared == sum(len(reference["entries"]) for reference in single.values()) > 100
     assert swaps <= 3, swaps
 
 
