@@ -7,6 +7,7 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from adapters.gpu.factory import RunnerSettings
+from domain.parsers.settings import ParserSettings, ReasoningStrings
 from domain.speculation import SpeculativeConfig
 
 ENVIRONMENT_VARIABLE = "HELIOS_SERVE_CONFIG"
@@ -24,12 +25,28 @@ class ServeConfig:
     # `--speculative-config` as JSON (domain.speculation.SpeculativeConfig.to_json), or None.
     speculative_config: str | None = None
     runner: RunnerSettings = field(default_factory=RunnerSettings)
+    reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
+    # `--reasoning-config` as JSON (reasoning_start_str, reasoning_end_str), or None.
+    reasoning_config: str | None = None
 
     @property
     def speculative(self) -> SpeculativeConfig | None:
         if self.speculative_config is None:
             return None
         return SpeculativeConfig.from_json(self.speculative_config)
+
+    @property
+    def parsers(self) -> ParserSettings:
+        strings = (
+            ReasoningStrings.from_json(self.reasoning_config)
+            if self.reasoning_config is not None
+            else ReasoningStrings()
+        )
+        return ParserSettings(
+            self.reasoning_parser, self.tool_call_parser, self.enable_auto_tool_choice, strings
+        )
 
     def to_environment(self) -> str:
         return json.dumps(asdict(self))

@@ -8,18 +8,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from domain.errors import NotFoundError, NotReadyError
+from domain.parsers.settings import NO_PARSERS, ParserSettings
 from ports.engine_client import EngineClient
 from ports.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
 class ServedModel:
-    """A model ready to serve: its name, tokenizer and engine, and how to stop it."""
+    """A model ready to serve: its name, tokenizer and engine, the output parsers it runs, and
+    how to stop it."""
 
     name: str
     tokenizer: Tokenizer
     engine: EngineClient
     allow_logprobs: bool = False
+    parsers: ParserSettings = NO_PARSERS
     created: int = field(default_factory=lambda: int(time.time()))
     stop: Callable[[], None] = lambda: None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.support.tiny_models import build_tiny_llama, build_tiny_qwen2
-from tests.support.tokenizers import build_byte_fallback, build_byte_level_bpe
+from tests.support.tokenizers import build_byte_fallback, build_byte_level_bpe, build_marker_bpe
 
 TINY_VOCAB = 320
 
@@ -22,6 +22,14 @@ def build_tiny_model_dir(
     builder(directory, vocab_size=TINY_VOCAB, max_position_embeddings=max_position_embeddings)
     tokenizer_builder = build_byte_fallback if byte_fallback else build_byte_level_bpe
     tokenizer_builder(directory, vocab_size=TINY_VOCAB)
+    return directory
+
+
+def build_marker_model_dir(directory: Path) -> Path:
+    """The tiny llama with a tokenizer whose `<think>`, `</think>`, `<tool_call>` and
+    `</tool_call>` are single added tokens kept in decoded text."""
+    build_tiny_llama(directory, vocab_size=TINY_VOCAB, max_position_embeddings=512)
+    build_marker_bpe(directory, vocab_size=TINY_VOCAB)
     return directory
 
 
