@@ -15,7 +15,7 @@ from adapters.http import generation
 from adapters.http.body import read_json
 from adapters.http.engine_bridge import RequestGroup
 from adapters.http.responses_input import output_messages
-from adapters.http.responses_parsing import ResponsesJob, responses_request
+from adapters.http.responses_parsing import ResponsesJob, responses_names, responses_request
 from adapters.http.serving import HttpSettings, ModelHolder, ServedModel
 from domain.errors import DomainError, NotFoundError
 from domain.logprob_presentation import chat_logprobs
@@ -38,10 +38,14 @@ class ResponsesResource:
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         served = self._holder.served
         raw = await read_json(req, self._settings.max_body_bytes)
-        job = responses_request(raw, served.tokenizer, self._store)
-        served.check_model(job.api.model)
         header = ResponseHeader(f"resp_{uuid.uuid4().hex}", int(time.time()), served.name)
-        group = generation.request_group(job.api, served, header, self._settings.channel_capacity)
+        with responses_names():
+            job = responses_request(
+                raw, served.tokenizer, self._store, auto_tool_choice=served.parsers.auto_tool_choice
+            )
+            served.check_model(job.api.model)
+            capacity = self._settings.channel_capacity
+            group = generation.request_group(job.api, served, header, capacity)
         assembler = ResponseAssembler(
             header,
             job.settings,
@@ -130,4 +134,6 @@ def _renderer(job: ResponsesJob, served: ServedModel) -> EntryRenderer | None:
 
 
 def _parser_config(job: ResponsesJob, served: ServedModel) -> ParserConfig:
-    return ParserConfig()
+    """The server's parsers; tool calls are parsed only under auto tool choice."""
+    prompt = job.api.prompts[0].text
+    return served.parsers.config(tools=job.api.structure.auto_tools, prompt=prompt)

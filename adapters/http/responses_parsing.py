@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +45,7 @@ _IDENTIFYING = {"user", "safety_identifier", "prompt_cache_key"}
 _EXTRAS = {
     *("seed", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"),
     *("stop", "ignore_eos", "min_tokens", "logit_bias", "logprob_token_ids"),
-    "return_tokens_as_token_ids",
+    *("return_tokens_as_token_ids", "structured_outputs"),
 }
 # Fields whose neutral values are accepted; any other value asks for what is not served.
 _NEUTRAL = {
@@ -57,6 +58,8 @@ _EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 _TOOL_KEYS = {"type", "name", "description", "parameters", "strict"}
 _FUNCTION_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 MAX_METADATA_PAIRS = 16
+# Rules shared with chat name chat's fields; a Responses 400 names the field it was sent as.
+_RESPONSES_NAMES = {"max_tokens": "max_output_tokens", "response_format": "text"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +76,10 @@ def _fail(message: str, param: str) -> InvalidRequestError:
     return InvalidRequestError(message, param=param)
 
 
-def responses_request(raw: Any, tokenizer: Tokenizer, store: ResponseStore) -> ResponsesJob:
+def responses_request(
+    raw: Any, tokenizer: Tokenizer, store: ResponseStore, *, auto_tool_choice: bool = False
+) -> ResponsesJob:
+    """`auto_tool_choice`: the server parses tool calls (`--enable-auto-tool-choice`)."""
     body = read_object(raw)
     _check_fields(body)
     ask = _logprob_ask(body)
@@ -95,9 +101,11 @@ def responses_request(raw: Any, tokenizer: Tokenizer, store: ResponseStore) -> R
     parallel = read_bool(body, "parallel_tool_calls", True)
     structured = StructuredAsk(
         response_format=_response_format(text_format),
+        structured_outputs=read_object_field(body, "structured_outputs"),
         tools=tuple(_chat_tool(tool) for tool in tools) if tools else None,
         tool_choice=_chat_tool_choice(tool_choice),
         parallel_tool_calls=parallel,
+        auto_tool_choice=auto_tool_choice,
     )
     params = _sampling(body, max_tokens)
     api = ApiRequest(
@@ -125,6 +133,18 @@ def responses_request(raw: Any, tokenizer: Tokenizer, store: ResponseStore) -> R
         top_logprobs=ask.count or 0,
     )
     return ResponsesJob(api, settings, tuple(conversation))
+
+
+@contextmanager
+def responses_names() -> Iterator[None]:
+    """Re-raises a 400 of a rule shared with chat under the field's Responses name."""
+    try:
+        yield
+    except InvalidRequestError as error:
+        param = _RESPONSES_NAMES.get(error.param or "")
+        if param is None:
+            raise
+        raise InvalidRequestError(error.message, param=param) from None
 
 
 def _check_fields(body: dict) -> None:
@@ -225,6 +245,7 @@ def _chat_tool(tool: Mapping[str, object]) -> JsonObject:
     unknown = sorted(set(tool) - _TOOL_KEYS)
     if unknown:
         raise _fail(f"unknown field `{unknown[0]}` in a function tool", "tools")
+    _check_optional(tool, "tools")
     if not isinstance(name, str) or not _FUNCTION_NAME.fullmatch(name):
         raise _fail(
             "each function tool needs a `name` of 1 to 64 letters, digits, underscores or dashes",
@@ -263,9 +284,20 @@ def _text_format(body: dict) -> JsonObject:
             raise _fail(
                 "`text.format` of type json_schema needs a `name` and a `schema` object", "text"
             )
+        _check_optional(form, "text")
         keys = ("type", "name", "schema", "description", "strict")
         return {key: form[key] for key in keys if form.get(key) is not None}
     return {"type": form["type"]}
+
+
+def _check_optional(value: Mapping[str, object], param: str) -> None:
+    """`description` (a string) and `strict` (a boolean) are accepted, not used: every schema
+    is enforced strictly."""
+    description, strict = value.get("description"), value.get("strict")
+    if description is not None and not is_text(description):
+        raise _fail("`description` must be a string of valid Unicode", param)
+    if strict is not None and not isinstance(strict, bool):
+        raise _fail("`strict` must be a boolean", param)
 
 
 def _response_format(text_format: JsonObject) -> JsonObject | None:
