@@ -45,7 +45,11 @@ class ServeConfig:
             else ReasoningStrings()
         )
         return ParserSettings(
-            self.reasoning_parser, self.tool_call_parser, self.enable_auto_tool_choice, strings
+            self.reasoning_parser,
+            self.tool_call_parser,
+            self.enable_auto_tool_choice,
+            strings,
+            reasoning_configured=self.reasoning_config is not None,
         )
 
     def to_environment(self) -> str:

@@ -142,6 +142,7 @@ def _api_request(
         logprob_ask=logprob_ask,
         return_tokens_as_token_ids=read_bool(body, "return_tokens_as_token_ids", False),
         structure=resolve_structure(structured),
+        thinking_token_budget=read_int(body, "thinking_token_budget", None),
     )
 
 

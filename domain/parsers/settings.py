@@ -46,6 +46,8 @@ class ParserSettings:
     tool_call_parser: str | None = None
     auto_tool_choice: bool = False
     reasoning: ReasoningStrings = ReasoningStrings()
+    # Whether `--reasoning-config` named the strings (else they are the defaults).
+    reasoning_configured: bool = False
 
     def __post_init__(self) -> None:
         if self.reasoning_parser not in (None, *REASONING_PARSERS):
@@ -72,6 +74,14 @@ class ParserSettings:
             reasoning_start=self.reasoning.start,
             reasoning_end=self.reasoning.end,
         )
+
+    @property
+    def budget_strings(self) -> ReasoningStrings | None:
+        """The strings a thinking budget counts between and forces, as vLLM takes them from
+        `--reasoning-config` or the reasoning parser; None when the server has neither."""
+        if self.reasoning_parser is None and not self.reasoning_configured:
+            return None
+        return self.reasoning
 
     def opens(self, prompt: str) -> bool:
         """Whether `prompt` ends inside a reasoning block: a chat template that appends the

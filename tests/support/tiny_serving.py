@@ -33,6 +33,24 @@ def build_marker_model_dir(directory: Path) -> Path:
     return directory
 
 
+def build_thinking_model_dir(directory: Path) -> Path:
+    """`build_marker_model_dir` whose chat template opens a reasoning block after the
+    generation prompt, as DeepSeek-R1's does: answers start inside `<think>`."""
+    import json
+
+    build_marker_model_dir(directory)
+    path = directory / "tokenizer_config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    template = config["chat_template"]
+    # `-}}` trims the template's indentation that follows, so the prompt ends with the start.
+    opened = template.replace("<|im_start|>assistant\n", "<|im_start|>assistant\n{{ '<think>' -}}")
+    if opened == template:
+        raise ValueError("the chat template has no generation prompt to open a block after")
+    config["chat_template"] = opened
+    path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return directory
+
+
 # Short prompts the ending model is tuned on; any text of the tiny tokenizer's corpus would do.
 _PROBE_WORDS = (
     *("the", "quick", "brown", "fox", "every", "request", "gets", "its", "own", "slot"),
