@@ -16,11 +16,12 @@ import pytest
 import torch
 from falcon import testing
 
+from adapters.cli.serve_config import ServeConfig
 from adapters.gpu.sampling.philox import philox_uniform
 from adapters.gpu.sampling.sampler import SAMPLE_STREAM
 from adapters.http.app import create_app
 from adapters.http.serving import ModelHolder, ServedModel
-from domain.parsers.settings import ParserSettings
+from domain.parsers.settings import ParserSettings, ReasoningStrings
 from tests.integration.http.conftest import serve_tiny
 from tests.support.asgi_stream import stream_post
 from tests.support.sse import json_frames
@@ -290,3 +291,13 @@ def test_a_budget_with_structured_outputs_is_a_400(app):
 
     assert result.status_code == 400
     assert result.json["error"]["param"] == "thinking_token_budget"
+
+
+def test_the_serve_flags_decide_where_the_budget_strings_come_from():
+    config = '{"reasoning_start_str": "[[", "reasoning_end_str": "]]"}'
+
+    assert ServeConfig().parsers.budget_strings is None
+    assert ServeConfig(reasoning_config=config).parsers.budget_strings == ReasoningStrings(
+        "[[", "]]"
+    )
+    assert ServeConfig(reasoning_parser="qwen3").parsers.budget_strings == ReasoningStrings()

@@ -54,9 +54,11 @@ def closer(context: Sequence[int], vocab_size: int) -> int:
     return thinker(context, vocab_size)
 
 
-def make_engine(model=thinker, *, speculative=None, budget: int = 32, **sizes: int):
+def make_engine(
+    model=thinker, *, speculative=None, draft_model=None, budget: int = 32, **sizes: int
+):
     geometry = ExecutorGeometry(**{**_fields(GEOMETRY), **sizes})
-    executor = FakeExecutor(geometry, model=model)
+    executor = FakeExecutor(geometry, model=model, draft_model=draft_model)
     config = EngineConfig(max_num_batched_tokens=budget, speculative=speculative)
     return Engine(executor, FakeTokenizer(), config), executor
 
@@ -340,3 +342,24 @@ def test_the_tracker_ignores_a_block_the_prompt_already_closed():
     assert not tracker.in_reasoning and tracker.forced_next is None
     tracker.observe((7,))
     assert tracker.forced_next == 9
+
+
+def test_a_draft_model_never_proposes_past_the_budget():
+    speculative = SpeculativeConfig(SpeculativeMethod.DRAFT_MODEL, 4, model="draft")
+    plain_engine, _ = make_engine(copier)
+    # The draft agrees with the target, so its proposals stand until the budget cuts them.
+    engine, executor = make_engine(copier, speculative=speculative, draft_model=copier)
+    prompt = (5, 9, 14, 3, 5, 9, 14, 3, *START)
+    request = budget_request("r", prompt, 7, max_tokens=20)
+
+    expected = tokens_of(run(plain_engine, [request])["r"])
+    out = tokens_of(run(engine, [request])["r"])
+
+    assert out == expected and out[7:9] == list(END)
+    lanes = [w for plan in executor.plans for w in plan.works if w.sample]
+    assert any(w.propose for w in lanes), "the draft model proposed"
+    for w in lanes:
+        if w.first_emitted_position < len(prompt) + 7:
+            assert w.first_emitted_position + w.propose < len(prompt) + 7
+        if w.forced_token is not None:
+            assert not w.propose and not w.speculative
