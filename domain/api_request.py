@@ -10,6 +10,7 @@ from domain.logprobs import LogprobOptions
 from domain.ranges import CHOICES, COMPLETION_MAX_TOKENS, TOKEN_ID
 from domain.sampling import SamplingParams
 from domain.structured_rules import StructuredOutput
+from domain.thinking import THINKING_BUDGET
 
 MAX_PROMPTS = 64
 MAX_TOTAL_CHOICES = 128
@@ -52,9 +53,13 @@ class ApiRequest:
     return_tokens_as_token_ids: bool = False
     # What `response_format`, `structured_outputs` or a forced tool call constrain the output to.
     structure: StructuredOutput = StructuredOutput()
+    # vLLM's `thinking_token_budget`: reasoning tokens per block before its end is forced.
+    thinking_token_budget: int | None = None
 
     def __post_init__(self) -> None:
         CHOICES.check(self.n, "n")
+        if self.thinking_token_budget is not None:
+            THINKING_BUDGET.check(self.thinking_token_budget, "thinking_token_budget")
         if self.max_tokens is not None:
             COMPLETION_MAX_TOKENS.check(self.max_tokens, "max_tokens")
         if not self.prompts:

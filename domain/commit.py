@@ -57,3 +57,12 @@ def emitted_prefix(
 def commit_round(work: SlotWork, sampled: Sequence[int]) -> tuple[tuple[int, ...], Finish]:
     """What every executor's commit writes for a sampling lane: `emitted_prefix` of its round."""
     return emitted_prefix(sampled, work.stop_token_ids, work.remaining)
+
+
+def forced_round(work: SlotWork) -> tuple[tuple[int, ...], Finish, int]:
+    """What a lane with a forced token commits: that token alone under the same stop and length
+    rules, and the forced mask that marks it (bit 0, the record's first token)."""
+    if work.forced_token is None:
+        raise ValueError("the lane has no forced token")
+    emitted, finish = emitted_prefix((work.forced_token,), work.stop_token_ids, work.remaining)
+    return emitted, finish, 1

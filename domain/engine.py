@@ -371,6 +371,11 @@ class Engine:
                 # One choice scores the prompt; the scores belong to the request, not a choice.
                 score_prompt=request.score_prompt and index == 0,
                 grammar=request.grammar,
+                thinking=(
+                    request.thinking.tracker(request.prompt_token_ids)
+                    if request.thinking is not None
+                    else None
+                ),
             )
             for index in range(request.n)
         ]

@@ -11,6 +11,7 @@ from domain.logprob_rules import NO_LOGPROBS_ASKED, LogprobAsk
 from domain.logprobs import LogprobOptions
 from domain.ranges import CHOICES, check_token_ids
 from domain.sampling import SamplingParams
+from domain.thinking import ThinkingBudget
 
 _SEED_MIX = 0x9E3779B97F4A7C15
 _SEED_MASK = (1 << 64) - 1
@@ -22,7 +23,8 @@ class EngineRequest:
 
     `logprobs` is the request's logprob ask (`domain.logprob_rules`); with `prefill_only` the
     prompt is scored and nothing is generated (echo with `max_tokens` 0). With a `grammar`
-    every choice's output is constrained to it.
+    every choice's output is constrained to it. With `thinking` each choice's reasoning blocks
+    are closed at the budget by forced end tokens.
     """
 
     request_id: str
@@ -32,6 +34,7 @@ class EngineRequest:
     logprobs: LogprobAsk = NO_LOGPROBS_ASKED
     prefill_only: bool = False
     grammar: GrammarSpec | None = None
+    thinking: ThinkingBudget | None = None
 
     def __post_init__(self) -> None:
         if self.prefill_only and not self.score_prompt:
@@ -41,6 +44,14 @@ class EngineRequest:
         if isinstance(self.n, bool) or not isinstance(self.n, int):
             raise InvalidRequestError("`n` must be an integer.", param="n")
         CHOICES.check(self.n, "n")
+        if self.thinking is not None and self.grammar is not None:
+            # A grammar constrains the whole output, reasoning included, and a forced end
+            # could leave it; vLLM applies grammars after reasoning, which ours do not.
+            raise InvalidRequestError(
+                "thinking_token_budget cannot be combined with structured outputs or a forced "
+                "tool call",
+                param="thinking_token_budget",
+            )
 
     @property
     def options(self) -> LogprobOptions | None:

@@ -194,12 +194,14 @@ class Scheduler:
         sequence.outputs.extend(tokens)
         if sequence.proposer is not None:
             sequence.proposer.extend(tokens)
+        if sequence.thinking is not None:
+            sequence.thinking.observe(tokens)
 
     def _draft_limit(self, sequence: Sequence, chunk: int, budget: int) -> int:
         """Drafts a decode lane may carry: up to k (fewer after rejections, see
         `next_draft_limit`), within the token budget and one short of the remaining output
         budget (a round also emits the target's own token); none before `min_tokens` are out,
-        whose bans a width-one round applies."""
+        whose bans a width-one round applies, and none past the thinking budget."""
         speculative = self._config.speculative
         decoding = chunk == 1 and sequence.num_computed + 1 == sequence.num_tokens
         if speculative is None or not decoding:
@@ -207,7 +209,12 @@ class Scheduler:
         if len(sequence.outputs) < sequence.params.min_tokens:
             return 0
         k = speculative.num_speculative_tokens
-        return max(0, min(k, sequence.draft_limit or k, sequence.remaining - 1, budget - 1))
+        limit = min(k, sequence.draft_limit or k, sequence.remaining - 1, budget - 1)
+        if sequence.thinking is not None:
+            # Drafts are cut so that no round runs past a token the thinking budget forces;
+            # a lane with a forced token pending does not speculate at all (room 0).
+            limit = min(limit, sequence.thinking.room - 1)
+        return max(0, limit)
 
     def _drafts(self, sequence: Sequence, chunk: int, budget: int) -> tuple[int, ...]:
         """The lane's history proposals (ngram); for a draft-model lane it only sets how many
@@ -288,8 +295,16 @@ class Scheduler:
         if sequence.slot is None:
             raise ValueError(f"sequence {sequence.request_id} is planned without a slot")
         sequence.in_flight = chunk
+        # The thinking budget's forced end replaces the lane's draw (and its verification).
+        forced = sequence.forced_token if sample else None
         # With speculation on, every decode lane verifies: proposals, or a width-one round.
-        speculative = self._config.speculative is not None and sample and chunk == 1 and not scored
+        speculative = (
+            self._config.speculative is not None
+            and sample
+            and chunk == 1
+            and not scored
+            and forced is None
+        )
         propose = sequence.pending_proposals if speculative and sequence.draft_model else 0
         banned = sequence.banned_until_min_tokens
         if len(sequence.outputs) >= sequence.params.min_tokens:
@@ -315,6 +330,7 @@ class Scheduler:
             draft_feed=sequence.tokens_between(sequence.draft_computed, end) if propose else (),
             draft_start=sequence.draft_computed if propose else 0,
             grammar=sequence.grammar,
+            forced_token=forced,
         )
 
 

@@ -9,6 +9,7 @@ from domain.grammar import GrammarSpec
 from domain.logprobs import LogprobOptions
 from domain.sampling import SamplingParams
 from domain.speculation import NgramProposer
+from domain.thinking import ThinkingTracker
 
 
 class SequenceState(enum.Enum):
@@ -60,6 +61,14 @@ class Sequence:
     draft_model: bool = False
     pending_proposals: int = 0
     draft_computed: int = 0
+    # The thinking budget's state over prompt and outputs; it lives with the choice, so a
+    # preempted choice resumes it after re-prefill.
+    thinking: ThinkingTracker | None = None
+
+    @property
+    def forced_token(self) -> int | None:
+        """The token the next emission must be (the thinking budget's end), if any."""
+        return None if self.thinking is None else self.thinking.forced_next
 
     @property
     def needs_scoring(self) -> bool:

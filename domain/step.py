@@ -69,6 +69,11 @@ class SlotWork:
     A lane with a `grammar` samples every token from its grammar's allowed set (each target row
     of a speculative lane under the grammar's state after the drafts before it); its generated
     tokens are the fed tokens at positions from `prompt_len` on, then what its records emit.
+
+    A lane with a `forced_token` (the thinking budget's forced end) emits that token instead of
+    sampling one: the commit marks it in the record's forced mask, no logprob is reduced for
+    it, and nothing is drawn for its position. Such a lane neither speculates nor is
+    constrained.
     """
 
     slot: int
@@ -94,6 +99,7 @@ class SlotWork:
     draft_feed: tuple[int, ...] = ()
     draft_start: int = 0
     grammar: GrammarSpec | None = None
+    forced_token: int | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -118,6 +124,10 @@ class SlotWork:
             raise ValueError("start_position must be non-negative")
         if self.sample and self.remaining < 1:
             raise ValueError("a sampling lane needs a remaining budget of at least one token")
+        if self.forced_token is not None and (
+            not self.sample or self.speculative or self.grammar is not None
+        ):
+            raise ValueError("a forced token is emitted by a plain sampling lane, unconstrained")
 
     @property
     def end_position(self) -> int:

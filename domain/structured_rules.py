@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from domain.errors import InvalidRequestError
 from domain.grammar import GrammarKind, GrammarSpec
 from domain.tool_calls import ToolCallMode
-from domain.tool_choice import tool_mode
+from domain.tool_choice import is_auto, tool_mode
 from domain.wire import JsonObject
 
 _OUTPUT_KINDS = ("json", "regex", "choice", "grammar", "json_object")
@@ -26,6 +26,8 @@ class StructuredAsk:
     tools: tuple[JsonObject, ...] | None = None
     tool_choice: str | JsonObject | None = None
     parallel_tool_calls: bool = True
+    # Whether the server parses tool calls out of free text (`--enable-auto-tool-choice`).
+    auto_tool_choice: bool = False
 
 
 NO_STRUCTURE_ASKED = StructuredAsk()
@@ -38,6 +40,9 @@ class StructuredOutput:
 
     grammar: GrammarSpec | None = None
     tool_calls: ToolCallMode | None = None
+    # `tool_choice: "auto"` with tools on a server with auto tool choice: the output is free,
+    # and the tool-call parser finds calls in it.
+    auto_tools: bool = False
 
 
 def resolve_structure(ask: StructuredAsk) -> StructuredOutput:
@@ -52,7 +57,8 @@ def resolve_structure(ask: StructuredAsk) -> StructuredOutput:
     3. `tools` is not a list of function tools with names of 1-64 letters, digits, `_` or `-`,
        or has more than 128 [`tools`];
     4. `tool_choice` is not `none`, `auto`, `required` or a named function of `tools`; `auto`
-       (also the default when `tools` are given) is not served [`tool_choice`];
+       (also the default when `tools` are given) is served only with
+       `--enable-auto-tool-choice` [`tool_choice`];
     5. more than one of `response_format` (other than text), `structured_outputs` and a forced
        tool call [`structured_outputs`, or `tool_choice`].
     The grammar itself (a schema's keywords, a regex, a grammar's syntax) is checked when it
@@ -64,12 +70,18 @@ def resolve_structure(ask: StructuredAsk) -> StructuredOutput:
     if ask.structured_outputs is not None:
         found.append(StructuredOutput(_structured_outputs(ask.structured_outputs)))
         _single(found, "structured_outputs")
-    mode = tool_mode(ask.tools, ask.tool_choice, parallel=ask.parallel_tool_calls)
+    mode = tool_mode(
+        ask.tools, ask.tool_choice, parallel=ask.parallel_tool_calls, auto=ask.auto_tool_choice
+    )
     if mode is not None:
         spec = GrammarSpec(GrammarKind.JSON_SCHEMA, _schema_text(mode.schema()), "tools")
         found.append(StructuredOutput(spec, mode))
         _single(found, "tool_choice")
-    return found[0] if found else StructuredOutput()
+    chosen = found[0] if found else StructuredOutput()
+    if mode is None and ask.tools and ask.auto_tool_choice and is_auto(ask.tools, ask.tool_choice):
+        # The parser looks for calls in whatever the output is constrained to, if anything.
+        return replace(chosen, auto_tools=True)
+    return chosen
 
 
 def _single(found: list[StructuredOutput], param: str) -> None:

@@ -14,21 +14,27 @@ MAX_TOOLS = 128
 
 
 def tool_mode(
-    tools: tuple[JsonObject, ...] | None, choice: str | JsonObject | None, *, parallel: bool = True
+    tools: tuple[JsonObject, ...] | None,
+    choice: str | JsonObject | None,
+    *,
+    parallel: bool = True,
+    auto: bool = False,
 ) -> ToolCallMode | None:
     """The forced tool calls `tools` and `tool_choice` ask for; None for "none" (the default
-    without tools). Rules 3 and 4 of `domain.structured_rules.resolve_structure`."""
+    without tools) and for "auto" (the default with tools), which only a server running a
+    tool-call parser with auto tool choice (`auto`) serves. Rules 3 and 4 of
+    `domain.structured_rules.resolve_structure`."""
     functions = _functions(tools) if tools is not None else ()
-    if choice is None:
-        choice = "auto" if functions else "none"
-    if choice == "none":
+    if is_auto(functions, choice):
+        if not auto:
+            raise InvalidRequestError(
+                '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
+                'to be set; use "required", a named function, or "none"',
+                param="tool_choice",
+            )
         return None
-    if choice == "auto":
-        raise InvalidRequestError(
-            '`tool_choice` "auto" needs a tool-call parser, which this server does not run; '
-            'use "required", a named function, or "none"',
-            param="tool_choice",
-        )
+    if choice is None or choice == "none":
+        return None
     if not functions:
         raise InvalidRequestError("`tool_choice` needs `tools`", param="tool_choice")
     if choice == "required":
@@ -39,6 +45,12 @@ def tool_mode(
             f"`tool_choice` names {name!r}, which is not in `tools`", param="tool_choice"
         )
     return ToolCallMode(functions, named=name)
+
+
+def is_auto(functions: tuple[object, ...], choice: str | JsonObject | None) -> bool:
+    """Whether the model chooses between answering and calling: "auto", or no choice with
+    tools, as in OpenAI's API."""
+    return choice == "auto" or (choice is None and bool(functions))
 
 
 def _named_function(choice: str | JsonObject) -> str:

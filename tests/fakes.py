@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from domain.commit import commit_round
+from domain.commit import commit_round, forced_round
 from domain.errors import InvalidRequestError
 from domain.grammar import GrammarKind, GrammarSpec
 from domain.logprobs import (
@@ -130,6 +130,8 @@ class FakeExecutor:
         self._next = 0
         self._eos_after = eos_after
         self.plans: list[StepPlan] = []
+        # (slot, position) of every forced token it emitted, for tests of the thinking budget.
+        self.forced_positions: list[tuple[int, int]] = []
 
     def submit(self, plan: StepPlan) -> int:
         self.plans.append(plan)
@@ -148,7 +150,9 @@ class FakeExecutor:
                 )
                 payloads.append(None)
                 continue
-            if work.speculative:
+            if work.forced_token is not None:
+                records.append(self._forced(work))
+            elif work.speculative:
                 records.append(self._verify(work, context))
             else:
                 emitted, finish = commit_round(work, (self._sample(work, context),))
@@ -245,6 +249,22 @@ class FakeExecutor:
             return token_id
         values = fake_logprobs(context, vocab_size, self._model)
         return max(allowed, key=lambda t: sort_key(values[t], t))
+
+    def _forced(self, work: SlotWork) -> CompletionRecord:
+        """A forced lane emits its token through the commit rule, marked forced; it never
+        consults the model, as the real executor never projects its row."""
+        emitted, finish, mask = forced_round(work)
+        self.forced_positions.append((work.slot, work.end_position))
+        return CompletionRecord(
+            work.slot,
+            work.epoch,
+            Role.SAMPLE,
+            emitted,
+            work.end_position,
+            forced_mask=mask,
+            finish=finish,
+            generated_total=work.end_position - work.prompt_len + len(emitted),
+        )
 
     def _propose(self, work: SlotWork, context: list[int]) -> tuple[int, ...]:
         """The fake draft model's greedy drafts, on a draft cache it checks like a real one:

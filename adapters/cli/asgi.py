@@ -62,6 +62,7 @@ def load_served_model(config: ServeConfig, observer: EngineObserver | None = Non
         tokenizer=loaded.tokenizer,
         engine=loaded.engine,
         allow_logprobs=loaded.engine.logprob_top_k > 0,
+        parsers=config.parsers,
         stop=stop,
         failure=loaded.failure,
     )

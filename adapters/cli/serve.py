@@ -11,6 +11,8 @@ from gunicorn.app.base import BaseApplication
 from adapters.cli.runner_args import add_runner_arguments, parallel_launch, runner_settings
 from adapters.cli.serve_config import ENVIRONMENT_VARIABLE, ServeConfig
 from adapters.metrics.registry import clear_multiprocess_directory, forget_process
+from domain.parsers.parsed import REASONING_PARSERS, TOOL_CALL_PARSERS
+from domain.parsers.settings import ReasoningStrings
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -38,8 +40,44 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         default=300,
         help="gunicorn worker timeout in seconds (model load included)",
     )
+    _add_parser_arguments(parser)
     add_runner_arguments(parser)
     parser.set_defaults(run=run)
+
+
+def _add_parser_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--reasoning-parser",
+        choices=REASONING_PARSERS,
+        default=None,
+        help="split <think> reasoning out of chat answers (reasoning_content)",
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        choices=TOOL_CALL_PARSERS,
+        default=None,
+        help="parse <tool_call> JSON in chat answers into tool_calls",
+    )
+    parser.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='serve tool_choice "auto": the model may answer or call tools',
+    )
+    parser.add_argument(
+        "--reasoning-config",
+        type=_reasoning_config,
+        default=None,
+        help='JSON {"reasoning_start_str": ..., "reasoning_end_str": ...} (default <think>, '
+        "</think>); the end string is what thinking_token_budget forces",
+    )
+
+
+def _reasoning_config(text: str) -> str:
+    try:
+        ReasoningStrings.from_json(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
 
 
 class _Gunicorn(BaseApplication):
@@ -75,7 +113,15 @@ def run(args: argparse.Namespace) -> int:
         ),
         runner=runner_settings(args),
         parallel=parallel_launch(args),
+        reasoning_parser=args.reasoning_parser,
+        tool_call_parser=args.tool_call_parser,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        reasoning_config=args.reasoning_config,
     )
+    try:
+        config.parsers  # noqa: B018 -- checks the flags together before gunicorn starts
+    except ValueError as error:
+        raise SystemExit(f"helios serve: {error}") from None
     os.environ[ENVIRONMENT_VARIABLE] = config.to_environment()
     clear_multiprocess_directory()
     _Gunicorn(

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 from adapters.gpu.factory import RunnerSettings
 from adapters.gpu.parallel.launch import ParallelLaunch
+from domain.parsers.settings import ParserSettings, ReasoningStrings
 from domain.speculation import SpeculativeConfig
 
 ENVIRONMENT_VARIABLE = "HELIOS_SERVE_CONFIG"
@@ -26,12 +27,32 @@ class ServeConfig:
     speculative_config: str | None = None
     runner: RunnerSettings = field(default_factory=RunnerSettings)
     parallel: ParallelLaunch = field(default_factory=ParallelLaunch)
+    reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
+    # `--reasoning-config` as JSON (reasoning_start_str, reasoning_end_str), or None.
+    reasoning_config: str | None = None
 
     @property
     def speculative(self) -> SpeculativeConfig | None:
         if self.speculative_config is None:
             return None
         return SpeculativeConfig.from_json(self.speculative_config)
+
+    @property
+    def parsers(self) -> ParserSettings:
+        strings = (
+            ReasoningStrings.from_json(self.reasoning_config)
+            if self.reasoning_config is not None
+            else ReasoningStrings()
+        )
+        return ParserSettings(
+            self.reasoning_parser,
+            self.tool_call_parser,
+            self.enable_auto_tool_choice,
+            strings,
+            reasoning_configured=self.reasoning_config is not None,
+        )
 
     def to_environment(self) -> str:
         return json.dumps(asdict(self))

@@ -25,7 +25,7 @@ from adapters.gpu.scoring.prompt_scorer import PromptScorer
 from adapters.gpu.speculation.draft_runner import DraftRunner
 from adapters.grammar.lanes import GrammarLanes, RowMasks
 from adapters.grammar.llguidance_compiler import LlguidanceCompiler
-from domain.commit import commit_round
+from domain.commit import commit_round, forced_round
 from domain.prompt_scores import PROMPT_ROW_WORDS
 from domain.records import CompletionRecord, Role
 from domain.step import ExecutorGeometry, FrameResult, SlotWork, StepPlan
@@ -63,6 +63,12 @@ class TorchExecutor:
     on a worker thread while the forward runs and applied to the sampler's scratch only; the
     reduction still reads the raw rows. A split executor has no grammar engine: masks over
     vocabulary shards are not built yet.
+
+    A lane with a forced token (`SlotWork.forced_token`) draws nothing: its row is not
+    projected, no Philox noise is generated for it, and its record carries the token with the
+    forced mask set. Noise is keyed by (seed, position, stream) with no generator state, so the
+    draws at every later position are exactly those the lane would make had that position been
+    sampled; "draw nothing" means no row of the step is keyed by the forced position.
     """
 
     def __init__(
@@ -150,7 +156,9 @@ class TorchExecutor:
         )
 
     def _forward(self, frame: int, plan: StepPlan) -> _Round | None:
-        sampling = [work for work in plan.works if work.sample]
+        # Lanes with a forced token emit it without a draw: their rows are never projected,
+        # sampled or reduced, yet their logprob requests are uploaded like any emitting lane's.
+        sampling = _drawing(plan)
         drafts, q = self._drafts(sampling)
         first_rows = list(
             itertools.accumulate(
@@ -163,7 +171,7 @@ class TorchExecutor:
         proposed = iter(drafts)
         chunks = []
         for work in plan.works:
-            extra = next(proposed) if work.sample else ()
+            extra = next(proposed) if work.sample and work.forced_token is None else ()
             fed = work.token_ids + extra if work.propose else work.token_ids
             chunks.append(SequenceChunk(fed, work.start_position, work.block_table))
         batch = ForwardBatch.build(chunks, self._geometry.block_size, self._device)
@@ -173,18 +181,20 @@ class TorchExecutor:
             lanes = [len(work.token_ids) for work in plan.works]
             self._scores.score(frame, hidden, targets, lanes, self._model.compute_logits)
         row_masks = masks.result() if masks is not None else None
+        emitting = [work for work in plan.works if work.sample]
+        if emitting:
+            self._outputs.upload(frame, emitting)
         if not sampling:
             return None
         ends = list(itertools.accumulate(batch.chunk_lengths))
         lane_drafts = iter(drafts)
         rows: list[int] = []
         for index, work in enumerate(plan.works):
-            if work.sample:
+            if work.sample and work.forced_token is None:
                 count = 1 + len(next(lane_drafts)) if work.speculative else 1
                 rows.extend(range(ends[index] - count, ends[index]))
         selected = torch.tensor(rows, dtype=torch.int64, device=self._device)
         raw_logits = self._model.compute_logits(hidden[selected])  # [R, V_model] float32
-        self._outputs.upload(frame, sampling)
         start, stop = self._lanes
         logits = raw_logits[:, : stop - start]
         sampled_rows = [
@@ -268,6 +278,9 @@ class TorchExecutor:
         )
         records = []
         for work in plan.works:
+            if work.forced_token is not None:
+                records.append(_forced_record(work))
+                continue
             if not work.sample or rounds is None:
                 records.append(
                     CompletionRecord(
@@ -308,7 +321,8 @@ class TorchExecutor:
         if not any(work.logprobs is not None for work in plan.works if work.sample):
             return
         rows, slots, positions, chosen = [], [], [], []
-        lanes = (record for work, record in zip(plan.works, records, strict=True) if work.sample)
+        drawing = zip(plan.works, records, strict=True)
+        lanes = (record for work, record in drawing if work.sample and work.forced_token is None)
         for first_row, record in zip(sampled.first_rows, lanes, strict=True):
             for position, token_id in enumerate(record.tokens):
                 rows.append(first_row + position)
@@ -316,6 +330,26 @@ class TorchExecutor:
                 positions.append(position)
                 chosen.append(token_id)
         self._outputs.reduce(frame, sampled.raw_logits, rows, slots, positions, chosen)
+
+
+def _drawing(plan: StepPlan) -> list[SlotWork]:
+    """The lanes that draw a token this step: sampling lanes without a forced one."""
+    return [work for work in plan.works if work.sample and work.forced_token is None]
+
+
+def _forced_record(work: SlotWork) -> CompletionRecord:
+    """A forced lane's record: its token under the commit rule, marked in the forced mask."""
+    emitted, finish, mask = forced_round(work)
+    return CompletionRecord(
+        slot=work.slot,
+        epoch=work.epoch,
+        role=Role.SAMPLE,
+        tokens=emitted,
+        first_position=work.first_emitted_position,
+        forced_mask=mask,
+        finish=finish,
+        generated_total=work.first_emitted_position - work.prompt_len + len(emitted),
+    )
 
 
 def _row_probs(q: torch.Tensor, drafts: list[tuple[int, ...]], rows: int) -> torch.Tensor:

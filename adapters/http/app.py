@@ -19,8 +19,10 @@ from adapters.http.resources import (
     OpenApiResource,
     TokenizeResource,
 )
+from adapters.http.responses import ResponsesResource
 from adapters.http.serving import HttpSettings, ModelHolder
 from adapters.metrics.prometheus import PrometheusMetrics
+from domain.response_store import ResponseStore
 
 OPENAPI_PATH = Path(__file__).resolve().parents[2] / "contracts" / "openapi.yaml"
 
@@ -42,6 +44,9 @@ def create_app(
     app.req_options.strip_url_path_trailing_slash = True
     app.add_route("/v1/completions", CompletionsResource(holder, settings))
     app.add_route("/v1/chat/completions", ChatCompletionsResource(holder, settings))
+    responses = ResponsesResource(holder, settings, ResponseStore())
+    app.add_route("/v1/responses", responses)
+    app.add_route("/v1/responses/{response_id}", responses, suffix="item")
     app.add_route("/v1/models", ModelsResource(holder))
     app.add_route("/health", HealthResource(holder))
     app.add_route("/tokenize", TokenizeResource(holder, settings))

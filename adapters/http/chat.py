@@ -16,7 +16,10 @@ from adapters.http.streaming import stream_chunks
 from domain.api_request import ApiRequest
 from domain.logprob_presentation import TokenRendering, chat_logprobs, vllm_prompt_logprobs
 from domain.outputs import ChoiceDelta, LogprobEntry, Usage
+from domain.parsers.parsed import ParserConfig, choice_parser
+from domain.parsers.presentation import parsed_delta, parsed_message
 from domain.presentation import (
+    ChoiceResult,
     ResponseHeader,
     chat_choice,
     chat_chunk,
@@ -24,6 +27,7 @@ from domain.presentation import (
     tool_finish,
 )
 from domain.tool_calls import ToolCallStream, collect_tool_calls
+from domain.wire import JsonObject
 
 
 class ChatCompletionsResource:
@@ -33,23 +37,31 @@ class ChatCompletionsResource:
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         served = self._holder.served
-        job = chat_request(await read_json(req, self._settings.max_body_bytes), served.tokenizer)
+        body = await read_json(req, self._settings.max_body_bytes)
+        job = chat_request(body, served.tokenizer, auto_tool_choice=served.parsers.auto_tool_choice)
+        parsers = served.parsers.config(tools=job.structure.auto_tools, prompt=job.prompts[0].text)
         header = generation.start(job, served, "chatcmpl")
         group = generation.request_group(job, served, header, self._settings.channel_capacity)
         rendering = generation.rendering(job, served)
         if job.stream:
-            resp.sse = _stream(header, job, group, rendering)
+            if parsers.parses:
+                resp.sse = _parsed_stream(header, job, group, rendering, parsers)
+            else:
+                resp.sse = _stream(header, job, group, rendering)
             return
         collected = await generation.collect(group, job)
-        mode = job.structure.tool_calls
-        body = [
-            chat_choice(
-                c,
-                _logprobs(job, c.logprobs, rendering),
-                collect_tool_calls(mode, c.text) if mode is not None else None,
-            )
-            for c in collected.choices
-        ]
+        if parsers.parses:
+            body = [_parsed_choice(c, job, rendering, parsers) for c in collected.choices]
+        else:
+            mode = job.structure.tool_calls
+            body = [
+                chat_choice(
+                    c,
+                    _logprobs(job, c.logprobs, rendering),
+                    collect_tool_calls(mode, c.text) if mode is not None else None,
+                )
+                for c in collected.choices
+            ]
         prompt_logprobs = None
         if job.prompt_logprobs is not None:
             prompt_logprobs = vllm_prompt_logprobs(
@@ -83,6 +95,58 @@ def _stream(
         logprobs = _logprobs(job, delta.logprobs, rendering)
         finish = tool_finish(delta.finish_reason, index in calls)
         return chat_chunk(header, index, content, finish, delta.stop_reason, usage, logprobs)
+
+    opening = [
+        chat_chunk(header, index, {"role": "assistant", "content": ""}) for index in range(job.n)
+    ]
+    return stream_chunks(header, job, group, build, chat=True, opening=opening)
+
+
+def _parsed_choice(
+    choice: ChoiceResult, job: ApiRequest, rendering: TokenRendering, parsers: ParserConfig
+) -> JsonObject:
+    """A whole choice through the parsers: the same parse its stream would give."""
+    whole = ChoiceDelta(
+        choice.index,
+        choice.text,
+        tuple(choice.token_ids),
+        choice.finish_reason,
+        choice.stop_reason,
+        tuple(choice.logprobs),
+    )
+    parsed = choice_parser(choice.index, parsers).feed(whole)
+    return {
+        "index": choice.index,
+        "message": parsed_message(parsed, reasoning=parsers.reasoning_parser is not None),
+        "logprobs": _logprobs(job, parsed.content_logprobs, rendering),
+        "finish_reason": tool_finish(parsed.finish_reason, bool(parsed.tool_calls)),
+        "stop_reason": parsed.stop_reason,
+    }
+
+
+def _parsed_stream(
+    header: ResponseHeader,
+    job: ApiRequest,
+    group: RequestGroup,
+    rendering: TokenRendering,
+    parsers: ParserConfig,
+) -> AsyncIterator[SSEvent]:
+    """Each choice's deltas through its parser; a delta whose text is all held back sends
+    nothing, and the entries of content travel in the chunk that carries their text."""
+    choices = {index: choice_parser(index, parsers) for index in range(job.n)}
+    called: set[int] = set()
+
+    def build(index: int, delta: ChoiceDelta, text: str, usage: Usage | None) -> dict | None:
+        parsed = choices[index].feed(delta)
+        if parsed.tool_calls:
+            called.add(index)
+        if parsed.empty and not parsed.content_logprobs:
+            return None
+        logprobs = _logprobs(job, parsed.content_logprobs, rendering)
+        finish = tool_finish(parsed.finish_reason, index in called)
+        return chat_chunk(
+            header, index, parsed_delta(parsed), finish, parsed.stop_reason, usage, logprobs
+        )
 
     opening = [
         chat_chunk(header, index, {"role": "assistant", "content": ""}) for index in range(job.n)

@@ -11,11 +11,12 @@ from adapters.http.engine_bridge import RequestGroup
 from adapters.http.serving import ServedModel
 from domain.api_request import ApiRequest
 from domain.engine_request import EngineRequest
-from domain.errors import RequestFailedError
+from domain.errors import InvalidRequestError, RequestFailedError
 from domain.logprob_presentation import TokenRendering
 from domain.outputs import ChoiceDelta, PromptScores, RequestEnd, Usage
 from domain.presentation import ChoiceResult, ResponseHeader
 from domain.prompt_scores import PromptScore
+from domain.thinking import ThinkingBudget
 
 
 def start(job: ApiRequest, served: ServedModel, prefix: str) -> ResponseHeader:
@@ -27,6 +28,7 @@ def start(job: ApiRequest, served: ServedModel, prefix: str) -> ResponseHeader:
 def request_group(
     job: ApiRequest, served: ServedModel, header: ResponseHeader, capacity: int
 ) -> RequestGroup:
+    thinking = thinking_budget(job, served)
     requests = [
         EngineRequest(
             f"{header.id}-{index}",
@@ -36,10 +38,26 @@ def request_group(
             logprobs=job.logprob_ask,
             prefill_only=job.scores_prompt and not job.generates,
             grammar=job.structure.grammar,
+            thinking=thinking,
         )
         for index, prompt in enumerate(job.prompts)
     ]
     return RequestGroup(served.engine, requests, capacity)
+
+
+def thinking_budget(job: ApiRequest, served: ServedModel) -> ThinkingBudget | None:
+    """The request's thinking budget over the served reasoning markers; a budget on a server
+    without a reasoning parser or `--reasoning-config` is a 400, as vLLM refuses it."""
+    if job.thinking_token_budget is None:
+        return None
+    markers = served.thinking_markers
+    if markers is None:
+        raise InvalidRequestError(
+            "thinking_token_budget needs a server started with --reasoning-parser or "
+            "--reasoning-config",
+            param="thinking_token_budget",
+        )
+    return ThinkingBudget(job.thinking_token_budget, markers)
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,7 +54,8 @@ def completion_request(raw: Any, tokenizer: _Tokenizer) -> ApiRequest:
     return _api_request(body, prompts, max_tokens, ask, _structured_ask(body, chat=False))
 
 
-def chat_request(raw: Any, tokenizer: _Tokenizer) -> ApiRequest:
+def chat_request(raw: Any, tokenizer: _Tokenizer, *, auto_tool_choice: bool = False) -> ApiRequest:
+    """`auto_tool_choice`: the server parses tool calls (`--enable-auto-tool-choice`)."""
     body = read_object(raw)
     ask = _logprob_ask(
         body,
@@ -75,7 +76,8 @@ def chat_request(raw: Any, tokenizer: _Tokenizer) -> ApiRequest:
     max_tokens = _token_budget(body, "max_completion_tokens")
     if max_tokens is None:
         max_tokens = legacy_max_tokens
-    return _api_request(body, (prompt,), max_tokens, ask, _structured_ask(body, chat=True))
+    structured = _structured_ask(body, chat=True, auto_tool_choice=auto_tool_choice)
+    return _api_request(body, (prompt,), max_tokens, ask, structured)
 
 
 def _token_budget(body: dict, name: str) -> int | None:
@@ -85,7 +87,7 @@ def _token_budget(body: dict, name: str) -> int | None:
     return budget
 
 
-def _structured_ask(body: dict, *, chat: bool) -> StructuredAsk:
+def _structured_ask(body: dict, *, chat: bool, auto_tool_choice: bool = False) -> StructuredAsk:
     """The output-constraint fields as sent; `domain.structured_rules` decides what they mean.
     Tools belong to chat only."""
     tool_choice = body.get("tool_choice") if chat else None
@@ -99,6 +101,7 @@ def _structured_ask(body: dict, *, chat: bool) -> StructuredAsk:
         tools=read_object_list(body, "tools") if chat else None,
         tool_choice=tool_choice,
         parallel_tool_calls=read_bool(body, "parallel_tool_calls", True) if chat else True,
+        auto_tool_choice=auto_tool_choice,
     )
 
 
@@ -139,6 +142,7 @@ def _api_request(
         logprob_ask=logprob_ask,
         return_tokens_as_token_ids=read_bool(body, "return_tokens_as_token_ids", False),
         structure=resolve_structure(structured),
+        thinking_token_budget=read_int(body, "thinking_token_budget", None),
     )
 
 

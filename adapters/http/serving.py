@@ -3,27 +3,46 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from domain.errors import NotFoundError, NotReadyError
+from domain.parsers.settings import NO_PARSERS, ParserSettings
+from domain.thinking import ThinkingMarkers
 from ports.engine_client import EngineClient
 from ports.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
 class ServedModel:
-    """A model ready to serve: its name, tokenizer and engine, and how to stop it."""
+    """A model ready to serve: its name, tokenizer and engine, the output parsers it runs, and
+    how to stop it."""
 
     name: str
     tokenizer: Tokenizer
     engine: EngineClient
     allow_logprobs: bool = False
+    parsers: ParserSettings = NO_PARSERS
     created: int = field(default_factory=lambda: int(time.time()))
     stop: Callable[[], None] = lambda: None
     # Why the model can no longer run, or None while it can (`/health` reports it).
     failure: Callable[[], str | None] = lambda: None
+
+    @functools.cached_property
+    def thinking_markers(self) -> ThinkingMarkers | None:
+        """The thinking budget's start and end strings as token IDs, tokenized once (as vLLM
+        does, without special tokens); None when the server has no reasoning parser or
+        `--reasoning-config`."""
+        strings = self.parsers.budget_strings
+        if strings is None:
+            return None
+        encode = self.tokenizer.encode
+        return ThinkingMarkers(
+            tuple(encode(strings.start, add_special_tokens=False)),
+            tuple(encode(strings.end, add_special_tokens=False)),
+        )
 
     def check_model(self, name: str | None) -> None:
         """A request may name the served model or none; any other name is a 404, as in vLLM."""

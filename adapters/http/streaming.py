@@ -14,8 +14,9 @@ from domain.errors import DomainError
 from domain.outputs import ChoiceDelta, PromptScores, Usage
 from domain.presentation import ResponseHeader, usage_chunk
 
-# (choice index, delta, text to send, usage so far or None) -> the chunk's wire object
-ChunkBuilder = Callable[[int, ChoiceDelta, str, Usage | None], dict]
+# (choice index, delta, text to send, usage so far or None) -> the chunk's wire object, or None
+# when the delta has nothing to send after all (an output parser holding its text back)
+ChunkBuilder = Callable[[int, ChoiceDelta, str, Usage | None], dict | None]
 
 
 async def stream_chunks(
@@ -57,7 +58,9 @@ async def stream_chunks(
             if not text and not delta.finished and not delta.logprobs:
                 continue
             usage = Usage(prompt_tokens, completion_tokens) if job.continuous_usage else None
-            yield json_event(build(event.choice, delta, text, usage))
+            chunk = build(event.choice, delta, text, usage)
+            if chunk is not None:
+                yield json_event(chunk)
     except DomainError as error:
         yield error_event(error)
         yield done_event()

@@ -95,6 +95,59 @@ BASES: dict[str, tuple[dict, ...]] = {
             "parallel_tool_calls": True,
         },
     ),
+    "/v1/responses": (
+        {"input": "hi", "max_output_tokens": 1},
+        {
+            "input": [
+                {"role": "developer", "content": "be brief"},
+                {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "hi"}],
+                },
+                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+            ],
+            "instructions": "be kind",
+            "max_output_tokens": 1,
+            "temperature": 0.5,
+            "include": ["message.output_text.logprobs"],
+            "top_logprobs": 1,
+            "logprob_token_ids": [5],
+            "stop": ["x"],
+            "logit_bias": {"5": 1},
+            "metadata": {"k": "v"},
+            "reasoning": {"effort": "low"},
+            "user": "u",
+            "store": False,
+        },
+        {
+            "input": "hi",
+            "max_output_tokens": 1,
+            "stream": True,
+            "stream_options": {"include_obfuscation": False},
+        },
+        {
+            "input": "hi",
+            "max_output_tokens": 1,
+            "tools": [
+                {
+                    "type": "function",
+                    "name": "f",
+                    "description": "d",
+                    "parameters": {"type": "object"},
+                    "strict": True,
+                }
+            ],
+            "tool_choice": {"type": "function", "name": "f"},
+            "parallel_tool_calls": True,
+        },
+        {
+            "input": "hi",
+            "max_output_tokens": 1,
+            "text": {"format": {"type": "json_schema", "name": "t", "schema": {"type": "object"}}},
+        },
+    ),
     "/tokenize": ({"prompt": "hi"}, {"messages": [{"role": "user", "content": "hi"}]}),
     "/detokenize": ({"tokens": [5, 6]},),
 }

@@ -160,7 +160,9 @@ KEYED_BODIES = {
     "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
     "/tokenize": {"prompt": "hi"},
     "/detokenize": {"tokens": [5]},
+    "/v1/responses": {"input": "hi", "max_output_tokens": 1},
 }
+PATH_PARAMETERS = {"/v1/responses/{response_id}": {"response_id": "resp_unknown"}}
 
 
 @pytest.mark.parametrize(
@@ -176,7 +178,13 @@ def test_every_route_but_health_without_the_api_key_gets_the_documented_401(
     secured_app: falcon.asgi.App, path: str, method: str
 ) -> None:
     body = KEYED_BODIES.get(path)
-    case = schema[path][method].Case(body=body) if body else schema[path][method].Case()
+    operation = schema[path][method]
+    parameters = PATH_PARAMETERS.get(path, {})
+    case = (
+        operation.Case(body=body, path_parameters=parameters)
+        if body
+        else operation.Case(path_parameters=parameters)
+    )
 
     response = case.call_and_validate(app=secured_app, checks=CHECKS)
 

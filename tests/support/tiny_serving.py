@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.support.tiny_models import build_tiny_llama, build_tiny_qwen2
-from tests.support.tokenizers import build_byte_fallback, build_byte_level_bpe
+from tests.support.tokenizers import build_byte_fallback, build_byte_level_bpe, build_marker_bpe
 
 TINY_VOCAB = 320
 
@@ -22,6 +22,32 @@ def build_tiny_model_dir(
     builder(directory, vocab_size=TINY_VOCAB, max_position_embeddings=max_position_embeddings)
     tokenizer_builder = build_byte_fallback if byte_fallback else build_byte_level_bpe
     tokenizer_builder(directory, vocab_size=TINY_VOCAB)
+    return directory
+
+
+def build_marker_model_dir(directory: Path) -> Path:
+    """The tiny llama with a tokenizer whose `<think>`, `</think>`, `<tool_call>` and
+    `</tool_call>` are single added tokens kept in decoded text."""
+    build_tiny_llama(directory, vocab_size=TINY_VOCAB, max_position_embeddings=512)
+    build_marker_bpe(directory, vocab_size=TINY_VOCAB)
+    return directory
+
+
+def build_thinking_model_dir(directory: Path) -> Path:
+    """`build_marker_model_dir` whose chat template opens a reasoning block after the
+    generation prompt, as DeepSeek-R1's does: answers start inside `<think>`."""
+    import json
+
+    build_marker_model_dir(directory)
+    path = directory / "tokenizer_config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    template = config["chat_template"]
+    # `-}}` trims the template's indentation that follows, so the prompt ends with the start.
+    opened = template.replace("<|im_start|>assistant\n", "<|im_start|>assistant\n{{ '<think>' -}}")
+    if opened == template:
+        raise ValueError("the chat template has no generation prompt to open a block after")
+    config["chat_template"] = opened
+    path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return directory
 
 

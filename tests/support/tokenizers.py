@@ -64,6 +64,38 @@ def build_byte_level_bpe(
     _check_vocab_size(directory, vocab_size)
 
 
+# Reasoning and tool-call markers, added as Qwen3 adds them: whole tokens that decoding keeps.
+MARKER_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
+
+
+def build_marker_bpe(directory: Path, *, vocab_size: int = 320) -> None:
+    """`build_byte_level_bpe` plus `MARKER_TOKENS` as added tokens that are not special, so
+    they stay in decoded text for the output parsers to find."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    added = [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
+    added += [AddedToken(t, special=False, normalized=False) for t in MARKER_TOKENS]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=added,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_corpus(), trainer)
+    _write_model_dir(directory, tokenizer, add_bos_token=False)
+    # The trainer saves every token it reserves as special; the markers are not.
+    path = Path(directory) / "tokenizer.json"
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    for token in spec["added_tokens"]:
+        if token["content"] in MARKER_TOKENS:
+            token["special"] = False
+    path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    _check_vocab_size(directory, vocab_size)
+
+
 def build_byte_fallback(directory: Path, *, vocab_size: int = 320) -> None:
     """A Llama-2 style BPE: Metaspace, `<0x00>`..`<0xFF>` pieces, byte_fallback, BOS added."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, processors

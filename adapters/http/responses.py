@@ -1,0 +1,139 @@
+"""`POST /v1/responses` and `GET /v1/responses/{id}`: the Responses API over the chat template."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+
+import falcon
+import falcon.asgi
+from falcon.asgi import SSEvent
+
+from adapters.http import generation
+from adapters.http.body import read_json
+from adapters.http.engine_bridge import RequestGroup
+from adapters.http.responses_input import output_messages
+from adapters.http.responses_parsing import ResponsesJob, responses_names, responses_request
+from adapters.http.serving import HttpSettings, ModelHolder, ServedModel
+from domain.errors import DomainError, NotFoundError
+from domain.logprob_presentation import chat_logprobs
+from domain.outputs import LogprobEntry, Usage
+from domain.parsers.parsed import ChoiceParser, ParserConfig, choice_parser
+from domain.presentation import ResponseHeader
+from domain.response_assembler import EntryRenderer, ResponseAssembler
+from domain.response_store import ResponseStore, StoredResponse
+from domain.wire import JsonObject
+
+
+class ResponsesResource:
+    """Creates responses (one choice each) and returns stored ones."""
+
+    def __init__(self, holder: ModelHolder, settings: HttpSettings, store: ResponseStore) -> None:
+        self._holder = holder
+        self._settings = settings
+        self._store = store
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        served = self._holder.served
+        raw = await read_json(req, self._settings.max_body_bytes)
+        header = ResponseHeader(f"resp_{uuid.uuid4().hex}", int(time.time()), served.name)
+        with responses_names():
+            job = responses_request(
+                raw, served.tokenizer, self._store, auto_tool_choice=served.parsers.auto_tool_choice
+            )
+            served.check_model(job.api.model)
+            capacity = self._settings.channel_capacity
+            group = generation.request_group(job.api, served, header, capacity)
+        assembler = ResponseAssembler(
+            header,
+            job.settings,
+            entries=_renderer(job, served),
+            forced_calls=job.api.structure.tool_calls,
+        )
+        parser = choice_parser(0, _parser_config(job, served))
+        if job.api.stream:
+            resp.sse = self._stream(job, group, assembler, parser)
+            return
+        usage = Usage(0, 0)
+        async for event in generation.events(group, 1):
+            if event.end is not None:
+                usage = event.end.usage
+            elif event.delta is not None:
+                assembler.feed(parser.feed(event.delta))
+        assembler.finish(usage)
+        resp.media = self._keep(job, assembler.response())
+
+    async def on_get_item(
+        self, req: falcon.asgi.Request, resp: falcon.asgi.Response, response_id: str
+    ) -> None:
+        stored = self._store.get(response_id)
+        if stored is None:
+            raise NotFoundError(
+                f"Response with id {response_id!r} not found: it was never stored "
+                "(`store: false`), or this server has let it go (it keeps the most recent ones)",
+                param="response_id",
+            )
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = stored.body
+
+    async def _stream(
+        self,
+        job: ResponsesJob,
+        group: RequestGroup,
+        assembler: ResponseAssembler,
+        parser: ChoiceParser,
+    ) -> AsyncIterator[SSEvent]:
+        """A failure after the stream started ends it with `response.failed`."""
+        for event in assembler.start():
+            yield _sse(event)
+        usage = Usage(len(job.api.prompts[0].token_ids), 0)
+        try:
+            async for item in generation.events(group, 1):
+                if item.end is not None:
+                    usage = item.end.usage
+                elif item.delta is not None:
+                    usage = Usage(
+                        usage.prompt_tokens, usage.completion_tokens + len(item.delta.token_ids)
+                    )
+                    for event in assembler.feed(parser.feed(item.delta)):
+                        yield _sse(event)
+        except DomainError as error:
+            for event in assembler.fail(error.message, usage):
+                yield _sse(event)
+            return
+        for event in assembler.finish(usage):
+            yield _sse(event)
+        self._keep(job, assembler.response())
+
+    def _keep(self, job: ResponsesJob, response: JsonObject) -> JsonObject:
+        """Stores a finished response when asked to (`store`, on by default)."""
+        if job.settings.store:
+            conversation = [*job.conversation, *output_messages(response["output"])]
+            body = json.dumps(response, ensure_ascii=False).encode()
+            self._store.put(response["id"], StoredResponse.of(body, conversation))
+        return response
+
+
+def _sse(event: JsonObject) -> SSEvent:
+    """Responses frames name their event type, as OpenAI sends them; no `[DONE]` follows."""
+    return SSEvent(event=event["type"], json=event)
+
+
+def _renderer(job: ResponsesJob, served: ServedModel) -> EntryRenderer | None:
+    options = job.api.logprobs
+    if options is None:
+        return None
+    rendering = generation.rendering(job.api, served)
+
+    def render(entries: Sequence[LogprobEntry]) -> list[JsonObject]:
+        return list(chat_logprobs(entries, options, rendering)["content"])
+
+    return render
+
+
+def _parser_config(job: ResponsesJob, served: ServedModel) -> ParserConfig:
+    """The server's parsers; tool calls are parsed only under auto tool choice."""
+    prompt = job.api.prompts[0].text
+    return served.parsers.config(tools=job.api.structure.auto_tools, prompt=prompt)

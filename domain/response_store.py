@@ -1,0 +1,67 @@
+"""Stored responses: what `previous_response_id` continues and `GET /v1/responses/{id}` returns."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+# A server's worker keeps at most this many responses, and at most this many bytes of them.
+DEFAULT_MAX_RESPONSES = 256
+DEFAULT_MAX_BYTES = 64 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    """A finished response as JSON text, and the conversation a follow-up continues: the
+    messages its prompt was rendered from (without `instructions`, which do not carry over)
+    followed by its own output as messages."""
+
+    body: bytes
+    conversation: tuple[Mapping[str, object], ...]
+    size: int
+
+    @staticmethod
+    def of(body: bytes, conversation: Sequence[Mapping[str, object]]) -> StoredResponse:
+        """`size` approximates the memory held: the body plus the conversation's text."""
+        text = sum(len(str(message.get("content") or "")) for message in conversation)
+        return StoredResponse(body, tuple(conversation), len(body) + 4 * text)
+
+
+class ResponseStore:
+    """Least recently used responses, bounded by count and by size; a response larger than the
+    whole size bound is not kept. One store per worker process: gunicorn workers share
+    nothing, so a follow-up must reach the worker that answered (helios serves with one)."""
+
+    def __init__(
+        self, max_responses: int = DEFAULT_MAX_RESPONSES, max_bytes: int = DEFAULT_MAX_BYTES
+    ) -> None:
+        if max_responses < 0 or max_bytes < 0:
+            raise ValueError("store bounds must not be negative")
+        self._max_responses = max_responses
+        self._max_bytes = max_bytes
+        self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def put(self, response_id: str, stored: StoredResponse) -> None:
+        self._drop(response_id)
+        if stored.size > self._max_bytes or self._max_responses == 0:
+            return
+        self._entries[response_id] = stored
+        self._bytes += stored.size
+        while len(self._entries) > self._max_responses or self._bytes > self._max_bytes:
+            self._drop(next(iter(self._entries)))
+
+    def get(self, response_id: str) -> StoredResponse | None:
+        stored = self._entries.get(response_id)
+        if stored is not None:
+            self._entries.move_to_end(response_id)
+        return stored
+
+    def _drop(self, response_id: str) -> None:
+        stored = self._entries.pop(response_id, None)
+        if stored is not None:
+            self._bytes -= stored.size

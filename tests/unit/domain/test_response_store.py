@@ -1,0 +1,54 @@
+"""The response store: least recently used responses, bounded by count and by size."""
+
+from __future__ import annotations
+
+from domain.response_store import ResponseStore, StoredResponse
+
+
+def make_stored(size: int = 10) -> StoredResponse:
+    return StoredResponse(b"{}", ({"role": "user", "content": "hi"},), size)
+
+
+def test_the_least_recently_used_response_goes_first_when_the_count_is_reached():
+    store = ResponseStore(max_responses=2)
+    store.put("a", make_stored())
+    store.put("b", make_stored())
+    store.get("a")
+
+    store.put("c", make_stored())
+
+    assert store.get("b") is None and store.get("a") is not None and len(store) == 2
+
+
+def test_the_size_bound_evicts_until_the_new_response_fits():
+    store = ResponseStore(max_bytes=25)
+    store.put("a", make_stored(10))
+    store.put("b", make_stored(10))
+
+    store.put("c", make_stored(10))
+
+    assert store.get("a") is None and store.get("b") is not None and store.get("c") is not None
+
+
+def test_a_response_larger_than_the_whole_bound_is_not_kept():
+    store = ResponseStore(max_bytes=5)
+
+    store.put("a", make_stored(10))
+
+    assert store.get("a") is None and len(store) == 0
+
+
+def test_putting_an_id_again_replaces_it_without_double_counting():
+    store = ResponseStore(max_responses=2, max_bytes=20)
+    store.put("a", make_stored(10))
+    store.put("a", make_stored(10))
+
+    store.put("b", make_stored(10))
+
+    assert store.get("a") is not None and store.get("b") is not None
+
+
+def test_size_counts_the_body_and_the_conversation_text():
+    stored = StoredResponse.of(b"12345", [{"role": "user", "content": "abc"}])
+
+    assert stored.size == 5 + 4 * 3
