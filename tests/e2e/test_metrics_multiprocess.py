@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from pathlib import Path
 
@@ -41,8 +42,7 @@ def test_a_server_in_multiprocess_mode_exposes_the_files_it_writes_and_drops_sta
             "/v1/completions",
             {"prompt": "the quick brown fox", "max_tokens": 4, "ignore_eos": True},
         )
-        with urllib.request.urlopen(f"{server.base_url}/metrics", timeout=60) as response:
-            found = Scrape(response.read().decode())
+        found = _scrape_after_last_step(server.base_url)
         while_serving = _kinds(directory)
 
     assert not stale.exists()
@@ -55,6 +55,21 @@ def test_a_server_in_multiprocess_mode_exposes_the_files_it_writes_and_drops_sta
         found.value("vllm:request_success_total", model_name=MODEL, finished_reason="length") == 1
     )
     assert found.value("vllm:num_requests_running", model_name=MODEL) == 0
+
+
+def _scrape_after_last_step(base_url: str) -> Scrape:
+    """A scrape once the answer's last step is counted: the engine reports a step just after
+    it hands the step's outputs over (docs/metrics.md), so a scrape that follows the answer at
+    once may come a moment early."""
+    deadline = time.monotonic() + 10
+    while True:
+        with urllib.request.urlopen(f"{base_url}/metrics", timeout=60) as response:
+            found = Scrape(response.read().decode())
+        if found.value("vllm:num_requests_running", model_name=MODEL) == 0:
+            return found
+        if time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
 
 
 def _kinds(directory: Path) -> list[str]:
