@@ -62,6 +62,8 @@ class ChoiceEmission:
         )
         self._released = 0
         self._pending: deque[LogprobEntry] = deque()
+        # The text offsets of the tokens kept by the record being consumed.
+        self._offsets: list[int] = []
         self.finished = False
         self.num_tokens = 0
 
@@ -98,28 +100,50 @@ class ChoiceEmission:
     ) -> ChoiceDelta:
         text: list[str] = []
         kept: list[int] = []
+        self._offsets = []
         for index, token_id in enumerate(tokens):
             kept.append(token_id)
             position = positions[index] if positions is not None else None
             if index == len(tokens) - 1 and finish is Finish.STOP_TOKEN:
                 entry = position if self._echo else None
-                if self._params.include_stop_str_in_output:
-                    text.append(self._feed(self._decoder.push(token_id), entry))
+                pushed = self._params.include_stop_str_in_output
+                if pushed:
+                    text.append(self._push(token_id, entry))
                     entry = None
-                return self._end(text, kept, "stop", self._stop_reason(token_id), last=entry)
-            text.append(self._feed(self._decoder.push(token_id), position))
+                return self._end(
+                    text,
+                    kept,
+                    "stop",
+                    self._stop_reason(token_id),
+                    last=entry,
+                    textless=not pushed,
+                )
+            text.append(self._push(token_id, position))
             if self._matcher.stop is not None:
                 return self._end(text, kept, "stop", self._matcher.stop, drain=False)
         if finish is Finish.LENGTH:
             return self._end(text, kept, "length", None)
         self.num_tokens += len(kept)
-        return ChoiceDelta(self._index, "".join(text), tuple(kept), logprobs=self._release())
+        return ChoiceDelta(
+            self._index,
+            "".join(text),
+            tuple(kept),
+            logprobs=self._release(),
+            text_offsets=tuple(self._offsets),
+        )
 
-    def _feed(self, new_text: str, position: PositionLogprobs | None) -> str:
-        """Queues the token's entry at its text offset, then passes its text through the stops."""
+    def _push(self, token_id: int, position: PositionLogprobs | None) -> str:
+        """Decodes one token, noting its text offset (and queueing its entry there), and
+        passes its text through the stops."""
+        new_text = self._decoder.push(token_id)
+        offset = self._decoder.offset(self._decoder.num_tokens - 1)
+        self._offsets.append(offset)
         if position is not None:
-            offset = self._decoder.offset(self._decoder.num_tokens - 1)
             self._pending.append(LogprobEntry(position, offset))
+        return self._feed(new_text)
+
+    def _feed(self, new_text: str) -> str:
+        """Passes decoded text through the stops; returns what they release."""
         released = self._matcher.feed(new_text).text
         self._released += len(released)
         return released
@@ -143,16 +167,21 @@ class ChoiceEmission:
         *,
         drain: bool = True,
         last: PositionLogprobs | None = None,
+        textless: bool = False,
     ) -> ChoiceDelta:
-        """Ends the choice; `last` is an echoed stop token's entry, placed at the text's end."""
+        """Ends the choice; `last` is an echoed stop token's entry, placed at the text's end,
+        and `textless` says the last kept token (a stop token) added no text: its offset is
+        the text's end too."""
         if drain:
-            text.append(self._feed(self._decoder.flush(), None))
+            text.append(self._feed(self._decoder.flush()))
             if self._matcher.stop is not None:
                 reason, stop_reason = "stop", self._matcher.stop
             else:
                 tail = self._matcher.finish()
                 self._released += len(tail)
                 text.append(tail)
+        if textless:
+            self._offsets.append(self._released)
         if last is not None:
             self._pending.append(LogprobEntry(last, self._released))
         # After a stop string only tokens that start before it keep entries; otherwise all do.
@@ -162,7 +191,15 @@ class ChoiceEmission:
         self._pending.clear()
         self.finished = True
         self.num_tokens += len(kept)
-        return ChoiceDelta(self._index, "".join(text), tuple(kept), reason, stop_reason, entries)
+        return ChoiceDelta(
+            self._index,
+            "".join(text),
+            tuple(kept),
+            reason,
+            stop_reason,
+            entries,
+            tuple(self._offsets),
+        )
 
 
 def _entries(

@@ -18,7 +18,13 @@ class LogprobEntry:
 
 @dataclass(frozen=True, slots=True)
 class ChoiceDelta:
-    """New text and tokens of one choice; `finish_reason` is set on its last delta only."""
+    """New text and tokens of one choice; `finish_reason` is set on its last delta only.
+
+    `text_offsets`, when set, has one entry per token of `token_ids`: the character offset in
+    the choice's text where that token's first character lands (the end of the text so far
+    for a token with no text of its own). Unlike entries' offsets, every token has one, so
+    parsers can attribute tokens to parts without logprobs.
+    """
 
     index: int
     text: str = ""
@@ -26,6 +32,7 @@ class ChoiceDelta:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     logprobs: tuple[LogprobEntry, ...] = ()
+    text_offsets: tuple[int, ...] = ()
 
     def merge(self, later: ChoiceDelta) -> ChoiceDelta:
         """One delta with the content of both, as if the consumer had read them together."""
@@ -38,6 +45,7 @@ class ChoiceDelta:
             later.finish_reason,
             later.stop_reason,
             self.logprobs + later.logprobs,
+            self.text_offsets + later.text_offsets,
         )
 
     @property

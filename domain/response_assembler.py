@@ -85,7 +85,9 @@ class ResponseAssembler:
     message item with one `output_text` part, each tool call to a `function_call` item; a new
     kind of text closes the open item. Output-text entries are only the parsed content's
     entries (reasoning, tool data and delimiters have none). Under a forced tool call the whole
-    content is the calls' JSON: it becomes `function_call` items and has no entries.
+    content is the calls' JSON: it becomes `function_call` items and has no entries. The
+    usage's reasoning tokens are the sum of the parsed deltas' counts, so a stream and the
+    whole answer report the same.
     """
 
     def __init__(
@@ -104,6 +106,7 @@ class ResponseAssembler:
         self._open: _Item | None = None
         self._calls: dict[int, _Item] = {}
         self._sequence = 0
+        self._reasoning_tokens = 0
         self._finish_reason: str | None = None
         self._end: ResponseEnd | None = None
 
@@ -124,6 +127,7 @@ class ResponseAssembler:
 
     def feed(self, parsed: ParsedDelta) -> list[JsonObject]:
         events: list[JsonObject] = []
+        self._reasoning_tokens += parsed.reasoning_tokens
         if parsed.reasoning:
             self._reasoning(parsed.reasoning, events)
         content, entries, calls = parsed.content, parsed.content_logprobs, parsed.tool_calls
@@ -138,16 +142,17 @@ class ResponseAssembler:
             self._finish_reason = parsed.finish_reason
         return events
 
-    def finish(self, usage: Usage, reasoning_tokens: int = 0) -> list[JsonObject]:
+    def finish(self, usage: Usage, reasoning_tokens: int | None = None) -> list[JsonObject]:
         """Closes the open item and ends the response: `incomplete` when the output ran into
-        its token limit, `completed` otherwise."""
+        its token limit, `completed` otherwise. `reasoning_tokens` overrides the count of the
+        parsed deltas."""
         cut = self._finish_reason == "length"
         events: list[JsonObject] = []
         self._close(events, "incomplete" if cut else "completed")
         self._end = ResponseEnd(
             "incomplete" if cut else "completed",
             usage,
-            reasoning_tokens,
+            self._reasoning_tokens if reasoning_tokens is None else reasoning_tokens,
             incomplete_reason="max_output_tokens" if cut else None,
         )
         kind = "response.incomplete" if cut else "response.completed"
@@ -156,7 +161,7 @@ class ResponseAssembler:
 
     def fail(self, message: str, usage: Usage) -> list[JsonObject]:
         """Ends the response as failed; items stay as far as they got."""
-        self._end = ResponseEnd("failed", usage, error=message)
+        self._end = ResponseEnd("failed", usage, self._reasoning_tokens, error=message)
         return [self._event("response.failed", response=self.response())]
 
     def _event(self, kind: str, **fields: object) -> JsonObject:

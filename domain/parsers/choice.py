@@ -47,6 +47,10 @@ class SegmentingParser:
         # Content ranges not yet passed by every entry: (raw start, raw end, content start).
         self._ranges: deque[tuple[int, int, int]] = deque()
         self._pending: deque[LogprobEntry] = deque()
+        # Reasoning ranges not yet passed by every token (raw start, raw end), and the text
+        # offsets of the tokens not yet attributed.
+        self._reasoning: deque[tuple[int, int]] = deque()
+        self._offsets: deque[int] = deque()
         self._calls = 0
         self._out: dict[Kind, list[str]] = {}
         self._new_calls: list[ToolCallDelta] = []
@@ -55,11 +59,13 @@ class SegmentingParser:
         self._out = {Kind.REASONING: [], Kind.CONTENT: []}
         self._new_calls = []
         self._pending.extend(delta.logprobs)
+        self._offsets.extend(delta.text_offsets)
         self._held += delta.text
         final = delta.finished
         while self._step(final):
             pass
         entries = self._release(final)
+        thought = self._count_reasoning(final)
         return ParsedDelta(
             self._index,
             reasoning="".join(self._out[Kind.REASONING]),
@@ -69,6 +75,7 @@ class SegmentingParser:
             token_ids=delta.token_ids,
             finish_reason=delta.finish_reason,
             stop_reason=delta.stop_reason,
+            reasoning_tokens=thought,
         )
 
     def _step(self, final: bool) -> bool:
@@ -164,6 +171,11 @@ class SegmentingParser:
             start = self._position
             self._ranges.append((start, start + length, self._content_length))
             self._content_length += length
+        elif kind is Kind.REASONING:
+            start = self._position
+            if self._reasoning and self._reasoning[-1][1] == start:
+                start = self._reasoning.pop()[0]  # one range however the text arrived
+            self._reasoning.append((start, self._position + length))
         if kind in self._out:
             self._out[kind].append(text)
         self._position += length
@@ -190,3 +202,25 @@ class SegmentingParser:
         while self._ranges and self._ranges[0][1] <= horizon:
             self._ranges.popleft()
         return tuple(released)
+
+    def _count_reasoning(self, final: bool) -> int:
+        """The number of tokens, among those whose first character is now classified, that
+        start in reasoning. At the end, a token with no text of its own (a terminating EOS)
+        is reasoning when the block is still open, as vLLM counts every token after the start
+        marker until the end marker."""
+        count = 0
+        offsets, ranges = self._offsets, self._reasoning
+        while offsets and (final or offsets[0] < self._position):
+            offset = offsets.popleft()
+            while ranges and ranges[0][1] <= offset:
+                ranges.popleft()
+            if offset >= self._position:
+                inside = self._mode is _Mode.REASONING
+            else:
+                inside = bool(ranges) and ranges[0][0] <= offset
+            count += 1 if inside else 0
+        # Later tokens start at or after the text fed so far: passed ranges are done with.
+        horizon = offsets[0] if offsets else self._position
+        while ranges and ranges[0][1] <= horizon:
+            ranges.popleft()
+        return count

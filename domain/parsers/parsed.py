@@ -8,6 +8,13 @@ entries of tokens whose first character lies in content; their `text_offset` is 
 the concatenated `content` (not into the raw text), so their texts concatenate to the content.
 With no parser configured (`ParserConfig()`), content, entries and offsets pass through
 unchanged. A `ParsedDelta` may be empty (everything held back); skip it when streaming.
+
+`reasoning_tokens` counts the tokens, released with this delta, whose first character lies in
+reasoning text (the markers' tokens and the whitespace stripped after the end are not
+reasoning); at the end a token with no text of its own (a terminating EOS) counts when the
+block is still open. It is read from the deltas' `text_offsets`, so it needs no logprobs;
+summed over a choice's deltas it is the same however the output was split, and 0 without a
+reasoning parser.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ class ParsedDelta:
     token_ids: tuple[int, ...] = ()
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    reasoning_tokens: int = 0
 
     @property
     def finished(self) -> bool:

@@ -169,3 +169,91 @@ def test_a_follow_up_sends_the_calls_back_through_the_template(parsing, marker_s
 
     assert follow["status"] in ("completed", "incomplete")
     assert follow["usage"]["input_tokens"] > first["usage"]["input_tokens"]
+
+
+@pytest.fixture(scope="module")
+def qwen(marker_served):
+    parsers = ParserSettings("qwen3")
+    return create_app(ModelHolder(served=dataclasses.replace(marker_served, parsers=parsers)))
+
+
+def generated_ids(plain, body: dict) -> list[int]:
+    """The output's token IDs, read from a parserless answer's entries (every output token but
+    a terminating EOS has one); greedy, so the parsing answer chose the same tokens."""
+    answer = create(plain, {**body, "return_tokens_as_token_ids": True})
+    return [int(e["token"].removeprefix("token_id:")) for e in entries(answer)]
+
+
+def between_markers(served: ServedModel, token_ids: list[int], *, opened: bool) -> int:
+    """vLLM's count: the tokens after the start marker (from the first token when the output
+    starts inside the block) up to the end marker or the output's end."""
+    pieces = [served.tokenizer.token_bytes(t) for t in token_ids]
+    start = pieces.index(b"<think>") + 1 if b"<think>" in pieces else 0 if opened else None
+    if start is None:
+        return 0
+    end = pieces.index(b"</think>") if b"</think>" in pieces else len(pieces)
+    return end - start
+
+
+def reasoning_tokens(response: dict) -> int:
+    return response["usage"]["output_tokens_details"]["reasoning_tokens"]
+
+
+def test_reasoning_tokens_are_the_tokens_between_the_markers(parsing, plain, marker_served):
+    body = steered(THOUGHT, temperature=0)
+
+    answer = create(parsing, body)
+
+    expected = between_markers(marker_served, generated_ids(plain, body), opened=True)
+    assert expected > 0
+    assert reasoning_tokens(answer) == expected
+    # Without a reasoning parser there is no reasoning, whatever the text holds.
+    assert reasoning_tokens(create(plain, body)) == 0
+
+
+def test_a_reasoning_stream_reports_the_same_reasoning_tokens_as_the_whole_answer(parsing):
+    body = steered(THOUGHT, temperature=0)
+    whole = create(parsing, body)
+
+    stream = events(parsing, body)
+
+    assert stream[-1]["type"] == "response.completed"
+    assert reasoning_tokens(stream[-1]["response"]) == reasoning_tokens(whole) > 0
+
+
+def test_a_block_cut_off_by_the_token_limit_counts_every_token_after_the_start(
+    parsing, plain, marker_served
+):
+    body = steered("<think>the quick brown fox jumps</think>ok", temperature=0)
+    body["max_output_tokens"] = 4
+
+    answer = create(parsing, body)
+    streamed = events(parsing, body)[-1]["response"]
+
+    assert answer["status"] == "incomplete"
+    expected = between_markers(marker_served, generated_ids(plain, body), opened=True)
+    assert reasoning_tokens(answer) == reasoning_tokens(streamed) == expected
+    assert expected == answer["usage"]["output_tokens"] - 1
+
+
+def test_deepseek_r1_counts_reasoning_from_the_first_token_without_a_start_marker(
+    parsing, plain, marker_served
+):
+    body = steered("the fox</think>over the dog", temperature=0)
+
+    answer = create(parsing, body)
+
+    assert items(answer, "reasoning")[0]["content"][0]["text"] == "the fox"
+    expected = between_markers(marker_served, generated_ids(plain, body), opened=True)
+    assert reasoning_tokens(answer) == expected > 0
+
+
+def test_qwen3_reports_no_reasoning_tokens_for_output_without_a_start_marker(
+    qwen, plain, marker_served
+):
+    unopened = steered("the fox</think>over the dog", temperature=0)
+    opened = steered(THOUGHT, temperature=0)
+
+    assert reasoning_tokens(create(qwen, unopened)) == 0
+    expected = between_markers(marker_served, generated_ids(plain, opened), opened=False)
+    assert reasoning_tokens(create(qwen, opened)) == expected > 0
