@@ -28,32 +28,15 @@ from adapters.grammar.llguidance_compiler import LlguidanceCompiler  # noqa: E40
 from adapters.tokenizer.hf import HfTokenizer  # noqa: E402
 from domain.grammar import GrammarKind, GrammarSpec  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from prompts import PERSON_SCHEMA  # noqa: E402
+
 try:
     import xgrammar
 except ImportError:  # optional: the project does not depend on it
     xgrammar = None
 
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 24},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "email": {"type": "string", "pattern": "^[a-z]{1,12}@[a-z]{1,12}\\.com$"},
-        "address": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 20},
-                "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
-            },
-            "required": ["city", "zip"],
-            "additionalProperties": False,
-        },
-        "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 16}, "maxItems": 4},
-        "status": {"enum": ["active", "inactive", "banned"]},
-    },
-    "required": ["name", "age", "email", "address", "hobbies", "status"],
-    "additionalProperties": False,
-}
 PERSON_TEXT = json.dumps(
     {
         "name": "Ada Lovelace",
@@ -89,7 +72,7 @@ class Case:
     def source(self, round_index: int) -> str:
         match self.kind:
             case GrammarKind.JSON_SCHEMA:
-                return json.dumps({**PERSON, "title": f"person {round_index}"})
+                return json.dumps({**PERSON_SCHEMA, "title": f"person {round_index}"})
             case GrammarKind.JSON_OBJECT:
                 return json.dumps({"type": "object", "title": f"any {round_index}"})
             case GrammarKind.REGEX:

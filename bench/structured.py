@@ -38,27 +38,10 @@ from domain.engine_request import EngineRequest  # noqa: E402
 from domain.grammar import GrammarKind, GrammarSpec  # noqa: E402
 from domain.sampling import SamplingParams  # noqa: E402
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 24},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "email": {"type": "string", "pattern": "^[a-z]{1,12}@[a-z]{1,12}\\.com$"},
-        "address": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 20},
-                "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
-            },
-            "required": ["city", "zip"],
-            "additionalProperties": False,
-        },
-        "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 16}, "maxItems": 4},
-        "status": {"enum": ["active", "inactive", "banned"]},
-    },
-    "required": ["name", "age", "email", "address", "hobbies", "status"],
-    "additionalProperties": False,
-}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from prompts import PERSON_SCHEMA  # noqa: E402
+
 SUBJECTS = [
     "a teacher",
     "a pilot",
@@ -201,7 +184,7 @@ def compile_times(tokenizer, rounds: int) -> dict[str, float]:
     compiler = LlguidanceCompiler(tokenizer)
     makers = {
         "json_schema": lambda i: GrammarSpec(
-            GrammarKind.JSON_SCHEMA, json.dumps({**SCHEMA, "title": f"t{i}"})
+            GrammarKind.JSON_SCHEMA, json.dumps({**PERSON_SCHEMA, "title": f"t{i}"})
         ),
         "regex": lambda i: GrammarSpec(
             GrammarKind.REGEX, f"\\(\\d{{3}}\\) \\d{{3}}-\\d{{{4 + i % 3}}}x{i}"
@@ -247,7 +230,7 @@ def main() -> None:
         )
         for subject in SUBJECTS
     ]
-    grammar = GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(SCHEMA))
+    grammar = GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(PERSON_SCHEMA))
     clock = MaskClock()
     # Warm-up of both paths (and the schema's one compile), not counted.
     generate(engine, prompts[:2], grammar, 8, 0)
