@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from typing import Any, overload
 
 from domain.errors import InvalidRequestError
@@ -147,6 +148,30 @@ def is_text(value: Any) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def read_text_parts(
+    raw: Any, kinds: Collection[str], *, param: str, what: str, bad_part: str
+) -> str:
+    """Message content: a string as it is, or a list of `{"type": kind, "text": ...}` parts
+    (each kind among `kinds`) joined; a 400 naming `param` otherwise (`bad_part` says what
+    a part must be)."""
+    if is_text(raw):
+        return raw
+    if isinstance(raw, list):
+        parts = []
+        for part in raw:
+            if (
+                not isinstance(part, dict)
+                or part.get("type") not in kinds
+                or not is_text(part.get("text"))
+            ):
+                raise InvalidRequestError(bad_part, param=param)
+            parts.append(part["text"])
+        return "".join(parts)
+    raise InvalidRequestError(
+        f"{what} must be a string of valid Unicode or a list of text parts", param=param
+    )
 
 
 def as_int(value: Any) -> int | None:

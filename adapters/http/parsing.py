@@ -18,6 +18,7 @@ from adapters.http.fields import (
     read_object_list,
     read_stop,
     read_str,
+    read_text_parts,
 )
 from domain.api_request import ApiRequest, Prompt, StreamOptions
 from domain.errors import InvalidRequestError
@@ -247,22 +248,10 @@ def _tool_calls(raw: Any) -> bool:
 
 
 def _content(raw: Any) -> str:
-    if is_text(raw):
-        return raw
-    if isinstance(raw, list):
-        parts = []
-        for part in raw:
-            if (
-                not isinstance(part, dict)
-                or part.get("type") != "text"
-                or not is_text(part.get("text"))
-            ):
-                raise InvalidRequestError(
-                    "message content parts must be text parts", param="messages"
-                )
-            parts.append(part["text"])
-        return "".join(parts)
-    raise InvalidRequestError(
-        "message content must be a string of valid Unicode or a list of text parts",
+    return read_text_parts(
+        raw,
+        ("text",),
         param="messages",
+        what="message content",
+        bad_part="message content parts must be text parts",
     )
