@@ -28,6 +28,7 @@ from domain.logprobs import MAX_SELECTED_IDS, NATURAL_TOP_K, bits_to_float
 from domain.outputs import ChoiceDelta, PromptScores
 from domain.sampling import SamplingParams
 from domain.speculation import SpeculativeConfig, SpeculativeMethod
+from domain.thinking import ThinkingBudget, ThinkingMarkers
 from tests.support import parallel_world as world
 from tests.support.engines import drain
 from tests.support.tiny_serving import (
@@ -89,7 +90,15 @@ def _requests(tokenizer: HfTokenizer) -> list[EngineRequest]:
     requests.append(EngineRequest("select128", prompts[1], greedy, logprobs=many))
     scored = LogprobAsk(wanted=True, count=3, prompt_logprobs=NATURAL_TOP_K, echo=True)
     requests.append(EngineRequest("prompt", prompts[4], greedy, logprobs=scored))
+    # A prompt that ends with the start marker opens a block; after 3 tokens its end is forced.
+    thinking = ThinkingBudget(3, ThinkingMarkers(start=(prompts[2][-1],), end=FORCED_END))
+    for name, params in (("think-greedy", greedy), ("think-sampled", edited)):
+        requests.append(EngineRequest(name, prompts[2], params, logprobs=top20, thinking=thinking))
     return requests
+
+
+# The forced end of a thinking block: two IDs in rank 0's shard.
+FORCED_END = (5, 6)
 
 
 def _top_p_requests(tokenizer: HfTokenizer) -> list[EngineRequest]:
@@ -243,6 +252,17 @@ def test_greedy_and_seeded_tokens_are_identical_to_one_rank(single, split):
                 if index == "prompt":
                     continue
                 assert served[run][name][index]["tokens"] == choice["tokens"], (run, name, index)
+
+
+def test_a_thinking_budget_forces_the_same_end_on_every_rank_without_entries(single, split):
+    served = _served(split)
+    for run in ("plain", "speculative"):
+        for name in ("think-greedy", "think-sampled"):
+            choice = served[run][name][0]
+            assert choice["tokens"][3:5] == list(FORCED_END), (run, name)
+            # Every token but the two forced ones has its entry, as on one rank.
+            assert len(choice["entries"]) == len(choice["tokens"]) - 2
+            assert choice["tokens"] == single[run][name][0]["tokens"]
 
 
 def test_reported_ids_match_and_values_agree_within_split_noise(single, split):
