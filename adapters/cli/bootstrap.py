@@ -66,16 +66,16 @@ def load(
     )
     config = replace(engine_config, max_num_seqs=runner.max_num_seqs)
     name = served_name(model, served_model_name)
+    # One compiler (and so one grammar cache) for the admission check and rank 0's executor.
+    grammars = LlguidanceCompiler(tokenizer)
     if runner.tensor_parallel_size == 1:
-        # One compiler (and so one grammar cache) for the admission check and the executor.
-        grammars = LlguidanceCompiler(tokenizer)
         executor = recipe.build(grammars=grammars)
         engine = Engine(executor, tokenizer, config, observer=observer, grammars=grammars)
         return LoadedModel(engine, tokenizer, name, model_dir)
-    # Grammar masks are not split over vocabulary shards yet: without a compiler the engine
-    # refuses constrained requests with a 400 before admission.
-    world = start_world(recipe, parallel, on_failure=on_failure)
-    engine = Engine(world.executor, tokenizer, config, observer=observer)
+    world = start_world(
+        replace(recipe, structured_outputs=True), parallel, on_failure=on_failure, grammars=grammars
+    )
+    engine = Engine(world.executor, tokenizer, config, observer=observer, grammars=grammars)
     return LoadedModel(
         engine,
         tokenizer,

@@ -61,8 +61,8 @@ class TorchExecutor:
 
     Constrained lanes (`SlotWork.grammar`) get their token masks from `GrammarLanes`, computed
     on a worker thread while the forward runs and applied to the sampler's scratch only; the
-    reduction still reads the raw rows. A split executor has no grammar engine: masks over
-    vocabulary shards are not built yet.
+    reduction still reads the raw rows. Every tensor-parallel rank keeps its own matchers, in
+    step because all commit rank 0's records, and applies its shard's words of each mask.
 
     A lane with a forced token (`SlotWork.forced_token`) draws nothing: its row is not
     projected, no Philox noise is generated for it, and its record carries the token with the
@@ -82,8 +82,6 @@ class TorchExecutor:
         draft: DraftRunner | None = None,
         grammars: LlguidanceCompiler | None = None,
     ) -> None:
-        if grammars is not None and model.split is not None:
-            raise ValueError("grammar masks are not split over tensor-parallel ranks")
         self._model = model
         self._grammar = GrammarLanes(grammars, device) if grammars is not None else None
         self._draft = draft
@@ -205,7 +203,7 @@ class TorchExecutor:
         )
         if row_masks is not None:
             tensors = dataclasses.replace(
-                tensors, mask_rows=row_masks.rows, token_bitmask=row_masks.bitmask
+                tensors, mask_rows=row_masks.rows, token_bitmask=self._shard_words(row_masks)
             )
         if not any(work.speculative for work in sampling):
             (chosen,) = self._agree(self._sampler.sample(logits, tensors))
@@ -253,6 +251,12 @@ class TorchExecutor:
                 raise ValueError("a lane is constrained, but the executor has no grammar engine")
             return None
         return self._grammar.start(plan.works, sampling, drafts, first_rows)
+
+    def _shard_words(self, row_masks: RowMasks) -> torch.Tensor:
+        """The mask words of this rank's vocabulary lanes: shards start on whole 1024-lane
+        tiles, so a shard's first token is bit 0 of a word."""
+        start, stop = self._lanes
+        return row_masks.bitmask[:, start // 32 : (stop + 31) // 32]
 
     def _drafts(
         self, sampling: list[SlotWork]

@@ -16,6 +16,7 @@ from adapters.gpu.parallel.split import RankSplit, split_model
 from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
 from adapters.gpu.speculation.draft_runner import DraftRunner
 from adapters.grammar.llguidance_compiler import LlguidanceCompiler
+from adapters.tokenizer.hf import HfTokenizer
 from domain.blocks import blocks_needed
 from domain.capabilities import FULL_LOGPROBS, LogprobCapability
 from domain.records import resolve_token_capacity
@@ -215,6 +216,8 @@ class ExecutorRecipe:
     capacity: int | None = None
     token_capacity: int | None = None
     draft_dir: Path | None = None
+    # Whether constrained lanes are served: a peer then builds its own grammar compiler.
+    structured_outputs: bool = False
 
     def build(
         self,
@@ -222,6 +225,10 @@ class ExecutorRecipe:
         local_rank: int = 0,
         grammars: LlguidanceCompiler | None = None,
     ) -> TorchExecutor:
+        """This rank's executor; `grammars` is rank 0's compiler (shared with the engine's
+        admission check), and other ranks build their own from the model's tokenizer."""
+        if grammars is None and self.structured_outputs:
+            grammars = LlguidanceCompiler(HfTokenizer.from_dir(self.model_dir))
         return build_executor(
             self.model_dir,
             self.settings,

@@ -34,12 +34,12 @@ class GrammarLanes:
     """Keeps each constrained slot's matcher in step with the executor and computes its masks.
 
     A matcher is keyed by slot and epoch: a new epoch (admission or readmission after a
-    preemption) starts a fresh one, which then accepts the generated tokens the lane feeds
-    again. `start` computes a step's masks on a worker thread while the model runs (llguidance
-    releases the GIL); `commit` advances matchers by what the records emitted. A speculative
-    lane's row j is masked under the state after its first j drafts, which are accepted for the
-    purpose and rolled back; rows after a draft the grammar forbids get no mask, as they never
-    emit (verification rejects that draft at its own, masked, row).
+    preemption), or a chunk at position 0, starts a fresh one, which then accepts the generated
+    tokens the lane feeds again. `start` computes a step's masks on a worker thread while the
+    model runs (llguidance releases the GIL); `commit` advances matchers by what the records
+    emitted. A speculative lane's row j is masked under the state after its first j drafts,
+    which are accepted for the purpose and rolled back; rows after a draft the grammar forbids
+    get no mask, as they never emit (verification rejects that draft at its own, masked, row).
     """
 
     def __init__(self, compiler: LlguidanceCompiler, device: torch.device) -> None:
@@ -117,7 +117,9 @@ class GrammarLanes:
         """Starts the slot's matcher at a new epoch, then accepts the generated tokens the lane
         feeds that it has not yet seen (a readmitted sequence re-feeds its outputs)."""
         lane = self._lanes.get(work.slot)
-        if lane is None or lane.epoch != work.epoch:
+        # A chunk at position 0 begins a sequence's life in the slot, whatever its epoch says:
+        # another engine over this executor counts epochs afresh.
+        if lane is None or lane.epoch != work.epoch or work.start_position == 0:
             assert work.grammar is not None
             matcher = self._compiler.compile(work.grammar).matcher()
             lane = self._lanes[work.slot] = _Lane(work.epoch, matcher)

@@ -22,6 +22,7 @@ from adapters.gpu.parallel.group import (
     Rendezvous,
     free_port,
 )
+from adapters.grammar.llguidance_compiler import LlguidanceCompiler
 
 _log = logging.getLogger(__name__)
 
@@ -137,10 +138,11 @@ def start_world(
     *,
     environment: Mapping[str, str] = os.environ,
     on_failure: Callable[[str], None] = lambda message: None,
+    grammars: LlguidanceCompiler | None = None,
 ) -> World:
     """Rank 0: starts ranks 1..local_ranks-1 on this machine (`_spawn_peer`), waits for
     every rank of the world (the others start with `helios tp-worker`), sends the recipe and
-    builds its own executor.
+    builds its own executor (with `grammars`, the compiler the engine checks requests with).
     """
     launch = launch or ParallelLaunch()
     world_size = recipe.settings.tensor_parallel_size
@@ -158,7 +160,7 @@ def start_world(
         _share_cores(local, device)
         group = RankGroup(rendezvous, device)
         group.send(recipe)
-        executor = recipe.build(group.collectives, 0)
+        executor = recipe.build(group.collectives, 0, grammars)
     except BaseException:
         for peer in peers:
             peer.kill()

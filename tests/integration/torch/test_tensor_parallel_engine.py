@@ -7,8 +7,10 @@ join after the all-reduce, and runs the real engine on rank 0 with peers running
 
 from __future__ import annotations
 
+import json
 import math
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +21,12 @@ from adapters.gpu.factory import ExecutorRecipe
 from adapters.gpu.parallel.group import Rendezvous
 from adapters.gpu.parallel.reference_reducer import EXCHANGE_WORDS as LOGPROB_WORDS
 from adapters.gpu.parallel.shards import shard_range
+from adapters.grammar.llguidance_compiler import LlguidanceCompiler
 from adapters.tokenizer.hf import HfTokenizer
 from domain.capabilities import LogprobCapability, scored_capacities
 from domain.engine import Engine, EngineConfig
 from domain.engine_request import EngineRequest
+from domain.grammar import GrammarKind, GrammarSpec
 from domain.logprob_rules import LogprobAsk
 from domain.logprobs import MAX_SELECTED_IDS, NATURAL_TOP_K, bits_to_float
 from domain.outputs import ChoiceDelta, PromptScores
@@ -94,11 +98,18 @@ def _requests(tokenizer: HfTokenizer) -> list[EngineRequest]:
     thinking = ThinkingBudget(3, ThinkingMarkers(start=(prompts[2][-1],), end=FORCED_END))
     for name, params in (("think-greedy", greedy), ("think-sampled", edited)):
         requests.append(EngineRequest(name, prompts[2], params, logprobs=top20, thinking=thinking))
+    # Constrained lanes: every rank masks its shard with its own matcher's words.
+    for name, params in (("choice-greedy", greedy), ("choice-sampled", edited)):
+        requests.append(EngineRequest(name, prompts[0], params, logprobs=top20, grammar=CHOICE))
+    requests.append(EngineRequest("regex-sampled", prompts[3], edited, grammar=REGEX))
     return requests
 
 
 # The forced end of a thinking block: two IDs in rank 0's shard.
 FORCED_END = (5, 6)
+CHOICES = ["bako lemi", "tu sira", "every"]
+CHOICE = GrammarSpec(GrammarKind.CHOICE, json.dumps(CHOICES))
+REGEX = GrammarSpec(GrammarKind.REGEX, "[a-z]{3,8}( [a-z]{2,6})?")
 
 
 def _top_p_requests(tokenizer: HfTokenizer) -> list[EngineRequest]:
@@ -139,7 +150,7 @@ def _drive(executor, tokenizer: HfTokenizer) -> dict[str, Any]:
         config = EngineConfig(
             max_num_seqs=8, max_num_batched_tokens=BUDGET, speculative=speculative
         )
-        engine = Engine(executor, tokenizer, config)
+        engine = Engine(executor, tokenizer, config, grammars=LlguidanceCompiler(tokenizer))
         drained = drain(engine, requests)
         results[run] = {name: _outputs(items) for name, items in drained.items()}
     return results
@@ -155,6 +166,7 @@ def _recipe(
         tokenizer.vocab_size,
         capability=CAPABILITY,
         draft_dir=draft_dir,
+        structured_outputs=True,
     )
 
 
@@ -174,7 +186,9 @@ def _drive_drafts(executor, tokenizer: HfTokenizer, draft_dir: Path) -> dict[str
         def record_step(self, stats) -> None:
             accepted.append(stats.spec_accepted_tokens)
 
-    drained = drain(Engine(executor, tokenizer, config, observer=Acceptance()), requests)
+    grammars = LlguidanceCompiler(tokenizer)
+    engine = Engine(executor, tokenizer, config, observer=Acceptance(), grammars=grammars)
+    drained = drain(engine, requests)
     return {
         "outputs": {name: _outputs(items) for name, items in drained.items()},
         "accepted": sum(accepted),
@@ -263,6 +277,20 @@ def test_a_thinking_budget_forces_the_same_end_on_every_rank_without_entries(sin
             # Every token but the two forced ones has its entry, as on one rank.
             assert len(choice["entries"]) == len(choice["tokens"]) - 2
             assert choice["tokens"] == single[run][name][0]["tokens"]
+
+
+def test_constrained_lanes_follow_their_grammar_on_every_split(single, split, model_dir):
+    tokenizer = HfTokenizer.from_dir(model_dir)
+    served = _served(split)
+    for run in ("plain", "speculative"):
+        for name in ("choice-greedy", "choice-sampled", "regex-sampled"):
+            tokens = served[run][name][0]["tokens"]
+            text = tokenizer.decode([t for t in tokens if t not in tokenizer.eos_token_ids])
+            if name.startswith("choice"):
+                assert text in CHOICES, (run, name, text)
+            else:
+                assert re.fullmatch(REGEX.source, text), (run, name, text)
+            assert tokens == single[run][name][0]["tokens"], (run, name)
 
 
 def test_reported_ids_match_and_values_agree_within_split_noise(single, split):
