@@ -30,7 +30,8 @@ from tests.e2e.conftest import (
     running_server,
     server_environment,
 )
-from tests.support.engines import build_engine, drain
+from tests.support.draining import drain
+from tests.support.engines import build_engine
 from tests.support.tiny_serving import build_parallel_model_dir
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

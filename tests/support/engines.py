@@ -9,8 +9,6 @@ from adapters.grammar.llguidance_compiler import LlguidanceCompiler
 from adapters.tokenizer.hf import HfTokenizer
 from domain.capabilities import FULL_LOGPROBS, LogprobCapability
 from domain.engine import Engine, EngineConfig
-from domain.engine_request import EngineRequest
-from domain.outputs import RequestEnd
 from domain.speculation import SpeculativeConfig
 from domain.step import StepPlan
 
@@ -60,21 +58,3 @@ def build_engine(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, speculative=speculative
     )
     return Engine(executor, tokenizer, config, grammars=grammars), tokenizer, plans
-
-
-def drain(engine: Engine, requests: list[EngineRequest]) -> dict[str, list]:
-    """Submits every request, steps until idle, and returns each one's channel items.
-
-    Each request must have ended without an error.
-    """
-    channels = {r.request_id: engine.submit(r) for r in requests}
-    while engine.has_work():
-        engine.step()
-    found = {}
-    for request_id, channel in channels.items():
-        items = []
-        while (item := channel.get_nowait()) is not None:
-            items.append(item)
-        assert isinstance(items[-1], RequestEnd) and items[-1].error is None, items[-1]
-        found[request_id] = items
-    return found

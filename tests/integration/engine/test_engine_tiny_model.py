@@ -9,7 +9,8 @@ from domain.engine import Engine
 from domain.engine_request import EngineRequest
 from domain.outputs import ChoiceDelta, RequestEnd
 from domain.sampling import SamplingParams
-from tests.support.engines import build_engine, drain
+from tests.support.draining import drain
+from tests.support.engines import build_engine
 
 PROMPTS = [
     "Hello there",

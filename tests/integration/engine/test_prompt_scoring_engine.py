@@ -15,7 +15,8 @@ from domain.errors import InvalidRequestError
 from domain.logprob_rules import LogprobAsk
 from domain.outputs import ChoiceDelta, PromptScores
 from domain.sampling import SamplingParams
-from tests.support.engines import build_engine, drain
+from tests.support.draining import drain
+from tests.support.engines import build_engine
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 SEEDED = SamplingParams(max_tokens=6, temperature=0.9, seed=1234, ignore_eos=True)

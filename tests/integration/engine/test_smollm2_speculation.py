@@ -30,7 +30,7 @@ from domain.outputs import ChoiceDelta
 from domain.sampling import SamplingParams
 from domain.speculation import SpeculativeConfig, SpeculativeMethod
 from domain.step_stats import StepStats
-from tests.support.engines import drain
+from tests.support.draining import drain
 
 pytestmark = pytest.mark.slow
 

@@ -25,7 +25,7 @@ from domain.logprobs import MAX_SELECTED_IDS, NATURAL_TOP_K
 from domain.outputs import ChoiceDelta, PromptScores
 from domain.sampling import SamplingParams
 from domain.speculation import SpeculativeConfig, SpeculativeMethod
-from tests.support.engines import drain
+from tests.support.draining import drain
 
 pytestmark = pytest.mark.slow
 

@@ -23,7 +23,8 @@ from domain.records import Role
 from domain.sampling import SamplingParams
 from domain.speculation import SpeculativeConfig, SpeculativeMethod
 from domain.step import FrameResult, StepPlan
-from tests.support.engines import build_engine, drain
+from tests.support.draining import drain
+from tests.support.engines import build_engine
 
 NGRAM = SpeculativeConfig(SpeculativeMethod.NGRAM, 4, 1, 3)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)

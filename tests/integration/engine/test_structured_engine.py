@@ -28,7 +28,8 @@ from tests.integration.engine.test_speculative_engine import (
     target_rows,
     tokens,
 )
-from tests.support.engines import build_engine, drain
+from tests.support.draining import drain
+from tests.support.engines import build_engine
 
 WORDS = ("the", "quick", "brown", "fox", "slot", "answer", "a", "new")
 LOGPROBS = LogprobAsk(wanted=True, count=5)

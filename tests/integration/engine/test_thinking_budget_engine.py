@@ -16,7 +16,8 @@ from domain.records import CompletionRecord
 from domain.sampling import SamplingParams
 from domain.speculation import SpeculativeConfig, SpeculativeMethod
 from domain.thinking import ThinkingBudget, ThinkingMarkers
-from tests.support.engines import build_engine, drain
+from tests.support.draining import drain
+from tests.support.engines import build_engine
 
 START, END = 40, (41, 42)
 MARKERS = ThinkingMarkers((START,), END)

@@ -34,7 +34,7 @@ from domain.sampling import SamplingParams
 from domain.speculation import SpeculativeConfig, SpeculativeMethod
 from domain.thinking import ThinkingBudget, ThinkingMarkers
 from tests.support import parallel_world as world
-from tests.support.engines import drain
+from tests.support.draining import drain
 from tests.support.tiny_serving import (
     PARALLEL_VOCAB,
     build_draft_model_dir,

@@ -15,12 +15,13 @@ import pytest
 from domain.engine import Engine, EngineConfig
 from domain.engine_request import EngineRequest
 from domain.logprob_rules import LogprobAsk
-from domain.outputs import ChoiceDelta, RequestEnd
+from domain.outputs import ChoiceDelta
 from domain.records import Role
 from domain.sampling import SamplingParams
 from domain.speculation import SpeculativeConfig, SpeculativeMethod
 from domain.step import ExecutorGeometry, FrameResult, StepPlan
 from tests.fakes import FAKE_EOS, FakeExecutor, FakeTokenizer, next_token
+from tests.support.draining import drain
 
 PERIOD = 6
 NGRAM = SpeculativeConfig(SpeculativeMethod.NGRAM, 4, 2, 3)
@@ -77,22 +78,6 @@ def make_engine(
     return Engine(executor, FakeTokenizer(), config), executor
 
 
-def run(engine: Engine, requests: list[EngineRequest]) -> dict[str, list]:
-    channels = {r.request_id: engine.submit(r) for r in requests}
-    for _ in range(10_000):
-        if not engine.has_work():
-            break
-        engine.step()
-    found = {}
-    for request_id, channel in channels.items():
-        items = []
-        while (item := channel.get_nowait()) is not None:
-            items.append(item)
-        assert isinstance(items[-1], RequestEnd) and items[-1].error is None, items[-1]
-        found[request_id] = items
-    return found
-
-
 def outputs(items: list) -> dict[int, tuple]:
     """Per choice: (token IDs, text, entries as (token, logprob, offset), finish)."""
     found: dict[int, list] = {}
@@ -120,9 +105,9 @@ PROMPT = (3, 9, 14, 27, 5, 41, 3, 9, 14, 27)
 def compare(requests, model=copier, speculative=NGRAM, **engine_options) -> RecordingExecutor:
     """Runs `requests` with speculation off and on; outputs must be identical."""
     plain_engine, _ = make_engine(model, None, **engine_options)
-    plain = run(plain_engine, requests)
+    plain = drain(plain_engine, requests)
     engine, executor = make_engine(model, speculative, **engine_options)
-    speculative = run(engine, requests)
+    speculative = drain(engine, requests)
     for request_id, items in plain.items():
         assert outputs(speculative[request_id]) == outputs(items), request_id
         assert speculative[request_id][-1].usage == items[-1].usage
@@ -242,7 +227,7 @@ def test_k_larger_than_the_record_allows_is_refused_at_start_up():
 def test_drafts_never_exceed_k_nor_the_remaining_budget():
     _, executor = make_engine()
     engine, executor = make_engine()
-    run(engine, [request(f"b{n}", PROMPT, max_tokens=n) for n in (3, 6)])
+    drain(engine, [request(f"b{n}", PROMPT, max_tokens=n) for n in (3, 6)])
 
     for plan in executor.plans:
         assert isinstance(plan, StepPlan)
@@ -264,7 +249,7 @@ def test_the_observer_counts_rounds_drafts_and_acceptances_per_position():
         observer=observer,
     )
 
-    run(engine, [request("stutter", PROMPT, max_tokens=40)])
+    drain(engine, [request("stutter", PROMPT, max_tokens=40)])
 
     offered_rounds = [r for r in executor.speculative_records if r.drafts_offered]
     assert observer.total("spec_drafts") == len(offered_rounds) > 0

@@ -12,7 +12,7 @@ from domain.engine_request import EngineRequest
 from domain.errors import InvalidRequestError
 from domain.grammar import GrammarKind, GrammarSpec
 from domain.logprob_rules import LogprobAsk
-from domain.outputs import ChoiceDelta, RequestEnd
+from domain.outputs import ChoiceDelta
 from domain.records import Role
 from domain.sampling import SamplingParams
 from domain.speculation import SpeculativeConfig, SpeculativeMethod
@@ -25,6 +25,7 @@ from tests.fakes import (
     fake_logprobs,
     next_token,
 )
+from tests.support.draining import drain
 
 CHOICES = ("cab", "dog", "bead", "deed")
 PROMPT = (3, 9, 14, 27, 5, 41)
@@ -86,16 +87,10 @@ def request(
 
 def run(engine: Engine, requests: list[EngineRequest]) -> dict[str, dict[int, dict]]:
     """Per request, per choice: tokens, text, entries and finish."""
-    channels = {r.request_id: engine.submit(r) for r in requests}
-    while engine.has_work():
-        engine.step()
     found: dict[str, dict[int, dict]] = {}
-    for request_id, channel in channels.items():
+    for request_id, items in drain(engine, requests).items():
         choices: dict[int, dict] = {}
-        while (item := channel.get_nowait()) is not None:
-            if isinstance(item, RequestEnd):
-                assert item.error is None, item.error
-                continue
+        for item in items:
             if isinstance(item, ChoiceDelta):
                 choice = choices.setdefault(
                     item.index, {"tokens": [], "text": "", "entries": [], "finish": None}

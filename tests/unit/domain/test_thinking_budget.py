@@ -16,13 +16,14 @@ from domain.engine_request import EngineRequest
 from domain.errors import InvalidRequestError
 from domain.grammar import GrammarKind, GrammarSpec
 from domain.logprob_rules import LogprobAsk
-from domain.outputs import ChoiceDelta, RequestEnd
+from domain.outputs import ChoiceDelta
 from domain.records import Role
 from domain.sampling import SamplingParams
 from domain.speculation import SpeculativeConfig, SpeculativeMethod
 from domain.step import ExecutorGeometry
 from domain.thinking import ThinkingBudget, ThinkingMarkers
 from tests.fakes import FakeExecutor, FakeTokenizer, fake_position, next_token
+from tests.support.draining import drain
 
 START = (60,)
 END = (61, 62)
@@ -86,22 +87,6 @@ def budget_request(
     )
 
 
-def run(engine: Engine, requests: list[EngineRequest]) -> dict[str, list]:
-    channels = {r.request_id: engine.submit(r) for r in requests}
-    for _ in range(10_000):
-        if not engine.has_work():
-            break
-        engine.step()
-    found = {}
-    for rid, channel in channels.items():
-        items = []
-        while (item := channel.get_nowait()) is not None:
-            items.append(item)
-        assert isinstance(items[-1], RequestEnd) and items[-1].error is None, items[-1]
-        found[rid] = items
-    return found
-
-
 def tokens_of(items: list, index: int = 0) -> list[int]:
     return [
         t for i in items if isinstance(i, ChoiceDelta) and i.index == index for t in i.token_ids
@@ -135,7 +120,7 @@ PROMPT = (5, 9, 14, 3, *START)
 def test_reasoning_opened_by_the_prompt_closes_exactly_at_the_budget():
     engine, executor = make_engine()
 
-    out = tokens_of(run(engine, [budget_request("r", PROMPT, 4)])["r"])
+    out = tokens_of(drain(engine, [budget_request("r", PROMPT, 4)])["r"])
 
     assert out == expected_after_open(PROMPT, 4, 14)
     # The end tokens were forced at the positions right after the fourth reasoning token.
@@ -146,7 +131,7 @@ def test_reasoning_opened_by_the_prompt_closes_exactly_at_the_budget():
 def test_a_zero_budget_closes_the_block_at_once():
     engine, _ = make_engine()
 
-    out = tokens_of(run(engine, [budget_request("r", PROMPT, 0)])["r"])
+    out = tokens_of(drain(engine, [budget_request("r", PROMPT, 0)])["r"])
 
     assert out[:2] == list(END)
     assert out == expected_after_open(PROMPT, 0, 14)
@@ -155,7 +140,7 @@ def test_a_zero_budget_closes_the_block_at_once():
 def test_forced_tokens_have_no_entries_and_the_sampled_ones_keep_theirs():
     engine, _ = make_engine()
 
-    items = run(engine, [budget_request("r", PROMPT, 3, logprobs=True)])["r"]
+    items = drain(engine, [budget_request("r", PROMPT, 3, logprobs=True)])["r"]
 
     out = tokens_of(items)
     entries = entries_of(items)
@@ -178,7 +163,7 @@ def entry_options():
 def test_usage_counts_forced_tokens_as_completion_tokens():
     engine, _ = make_engine()
 
-    items = run(engine, [budget_request("r", PROMPT, 2, max_tokens=9)])["r"]
+    items = drain(engine, [budget_request("r", PROMPT, 2, max_tokens=9)])["r"]
 
     assert len(tokens_of(items)) == 9
     assert items[-1].usage.completion_tokens == 9
@@ -188,7 +173,7 @@ def test_usage_counts_forced_tokens_as_completion_tokens():
 def test_max_tokens_can_end_a_choice_in_the_middle_of_a_forced_end():
     engine, _ = make_engine()
 
-    items = run(engine, [budget_request("r", PROMPT, 2, max_tokens=3)])["r"]
+    items = drain(engine, [budget_request("r", PROMPT, 2, max_tokens=3)])["r"]
 
     assert tokens_of(items) == expected_after_open(PROMPT, 2, 14)[:3]
     assert tokens_of(items)[-1] == END[0]
@@ -198,7 +183,7 @@ def test_max_tokens_can_end_a_choice_in_the_middle_of_a_forced_end():
 def test_a_model_that_closes_its_reasoning_in_time_is_not_forced():
     engine, executor = make_engine(closer)
 
-    out = tokens_of(run(engine, [budget_request("r", PROMPT, 5)])["r"])
+    out = tokens_of(drain(engine, [budget_request("r", PROMPT, 5)])["r"])
 
     assert out == greedy(closer, list(PROMPT), 14)
     assert out[3:5] == list(END)
@@ -213,7 +198,7 @@ def test_a_start_in_the_output_opens_a_block_with_its_own_count():
     engine, _ = make_engine(opener)
     prompt = (5, 9, 14, 3)
 
-    out = tokens_of(run(engine, [budget_request("r", prompt, 2, max_tokens=10)])["r"])
+    out = tokens_of(drain(engine, [budget_request("r", prompt, 2, max_tokens=10)])["r"])
 
     assert out[2] == START[0]
     assert out[5:7] == list(END)
@@ -223,7 +208,7 @@ def test_a_start_in_the_output_opens_a_block_with_its_own_count():
 def test_without_a_budget_nothing_is_forced():
     engine, executor = make_engine()
 
-    out = tokens_of(run(engine, [budget_request("r", PROMPT, None)])["r"])
+    out = tokens_of(drain(engine, [budget_request("r", PROMPT, None)])["r"])
 
     assert out == greedy(thinker, list(PROMPT), 14)
     assert executor.forced_positions == []
@@ -232,7 +217,7 @@ def test_without_a_budget_nothing_is_forced():
 def test_every_choice_of_n_closes_at_the_budget():
     engine, _ = make_engine()
 
-    items = run(engine, [budget_request("r", PROMPT, 3, n=3)])["r"]
+    items = drain(engine, [budget_request("r", PROMPT, 3, n=3)])["r"]
 
     for index in range(3):
         assert tokens_of(items, index) == expected_after_open(PROMPT, 3, 14)
@@ -244,7 +229,7 @@ def test_preemption_and_readmission_keep_the_budget_state():
     requests = [budget_request(f"r{i}", p, 3 + i, max_tokens=12) for i, p in enumerate(prompts)]
     engine, executor = make_engine(num_blocks=12, block_size=2, max_model_len=24, budget=64)
 
-    outputs = run(engine, requests)
+    outputs = drain(engine, requests)
 
     assert engine.scheduler.num_preemptions > 0
     for i, prompt in enumerate(prompts):
@@ -267,8 +252,8 @@ def test_speculation_drafts_up_to_the_budget_but_never_past_it():
     engine, executor = make_engine(copier, speculative=ngram)
     request = budget_request("r", prompt, 9, max_tokens=20)
 
-    expected = tokens_of(run(plain_engine, [request])["r"])
-    out = tokens_of(run(engine, [request])["r"])
+    expected = tokens_of(drain(plain_engine, [request])["r"])
+    out = tokens_of(drain(engine, [request])["r"])
 
     assert out == expected
     assert out[9:11] == list(END)
@@ -296,7 +281,7 @@ def test_speculative_records_are_used_and_forced_records_are_marked():
         return result
 
     executor.read = read  # type: ignore[method-assign]
-    run(engine, [budget_request("r", (5, 9, 14, 3, 5, 9, 14, 3, *START), 6, max_tokens=16)])
+    drain(engine, [budget_request("r", (5, 9, 14, 3, 5, 9, 14, 3, *START), 6, max_tokens=16)])
 
     forced = [r for r in records if r.forced_mask]
     assert [r.tokens for r in forced] == [(END[0],), (END[1],)]
@@ -352,8 +337,8 @@ def test_a_draft_model_never_proposes_past_the_budget():
     prompt = (5, 9, 14, 3, 5, 9, 14, 3, *START)
     request = budget_request("r", prompt, 7, max_tokens=20)
 
-    expected = tokens_of(run(plain_engine, [request])["r"])
-    out = tokens_of(run(engine, [request])["r"])
+    expected = tokens_of(drain(plain_engine, [request])["r"])
+    out = tokens_of(drain(engine, [request])["r"])
 
     assert out == expected and out[7:9] == list(END)
     lanes = [w for plan in executor.plans for w in plan.works if w.sample]
