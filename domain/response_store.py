@@ -9,6 +9,9 @@ from dataclasses import dataclass
 # A server's worker keeps at most this many responses, and at most this many bytes of them.
 DEFAULT_MAX_RESPONSES = 256
 DEFAULT_MAX_BYTES = 64 << 20
+# A Python string holds at most four bytes per character; other scalars count as one word.
+_BYTES_PER_CHARACTER = 4
+_WORD = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,9 +26,24 @@ class StoredResponse:
 
     @staticmethod
     def of(body: bytes, conversation: Sequence[Mapping[str, object]]) -> StoredResponse:
-        """`size` approximates the memory held: the body plus the conversation's text."""
-        text = sum(len(str(message.get("content") or "")) for message in conversation)
-        return StoredResponse(body, tuple(conversation), len(body) + 4 * text)
+        """`size` bounds the memory held: the body's bytes plus every string of the
+        conversation (content, roles, function-call names, ids and arguments, keys too) at
+        four bytes a character, the most a Python string spends on one."""
+        return StoredResponse(body, tuple(conversation), len(body) + _footprint(conversation))
+
+
+def _footprint(value: object) -> int:
+    """The bytes `value`'s strings may hold, nested containers included; other scalars count
+    as one machine word."""
+    if isinstance(value, str):
+        return _BYTES_PER_CHARACTER * len(value)
+    if isinstance(value, bytes):
+        return len(value)
+    if isinstance(value, Mapping):
+        return sum(_footprint(key) + _footprint(item) for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return sum(_footprint(item) for item in value)
+    return _WORD
 
 
 class ResponseStore:

@@ -103,9 +103,12 @@ class ResponsesResource:
             for event in assembler.fail(error.message, usage):
                 yield _sse(event)
             return
-        for event in assembler.finish(usage):
-            yield _sse(event)
+        final = assembler.finish(usage)
+        # Kept before the final event goes out: a client may leave as soon as it has it, and
+        # code after the last yield would then never run.
         self._keep(job, assembler.response())
+        for event in final:
+            yield _sse(event)
 
     def _keep(self, job: ResponsesJob, response: JsonObject) -> JsonObject:
         """Stores a finished response when asked to (`store`, on by default)."""

@@ -56,3 +56,45 @@ def stream_post(
     leaving then disconnects the simulated client."""
     status, body = asyncio.run(_read(app, "POST", path, until, timeout, max_chunks, {"json": json}))
     return status, body.decode()
+
+
+async def _leave_after(app: Any, path: str, body: dict, marker: bytes) -> bytes:
+    """Sends the request, then disconnects as soon as `marker` has arrived: the server sees the
+    disconnect before it pulls its next event, as with a client that closes the connection."""
+    import json as json_module
+
+    payload = json_module.dumps(body).encode()
+    scope = testing.create_scope(
+        path=path,
+        method="POST",
+        headers={"content-type": "application/json"},
+        content_length=len(payload),
+    )
+    left = asyncio.Event()
+    requested = False
+    received = b""
+
+    async def receive() -> dict:
+        nonlocal requested
+        if not requested:
+            requested = True
+            return {"type": "http.request", "body": payload, "more_body": False}
+        await left.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        nonlocal received
+        received += message.get("body", b"") if message["type"] == "http.response.body" else b""
+        if marker in received and not left.is_set():
+            left.set()
+            # Let the server's disconnect watcher see it before the next event is pulled.
+            for _ in range(3):
+                await asyncio.sleep(0)
+
+    await asyncio.wait_for(app(scope, receive, send), timeout=30.0)
+    return received
+
+
+def post_and_leave(app: Any, path: str, *, json: dict, marker: bytes) -> str:
+    """POSTs a streaming request and leaves right after the body holding `marker` arrives."""
+    return asyncio.run(_leave_after(app, path, json, marker)).decode()

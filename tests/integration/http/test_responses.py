@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 from tests.integration.http.conftest import MODEL_NAME
-from tests.support.asgi_stream import stream_post
+from tests.support.asgi_stream import post_and_leave, stream_post
 
 LOGPROBS = ["message.output_text.logprobs"]
 GREEDY = {"temperature": 0, "ignore_eos": True}
@@ -217,6 +217,16 @@ def test_a_streamed_response_is_stored_as_it_ended(client, app):
 
     final = events[-1]["response"]
     assert client.simulate_get(f"/v1/responses/{final['id']}").json == final
+
+
+def test_a_stream_is_stored_before_its_final_event_so_a_client_may_leave_on_it(client, app):
+    request = {"input": "the quick brown", "max_output_tokens": 3, "stream": True, **GREEDY}
+
+    text = post_and_leave(app, "/v1/responses", json=request, marker=FINAL_USAGE)
+
+    final = json.loads(text.strip().split("\n\n")[-1].split("data: ", 1)[1])
+    assert final["type"] == "response.incomplete"  # the token limit ended it
+    assert client.simulate_get(f"/v1/responses/{final['response']['id']}").json == final["response"]
 
 
 def test_an_unstored_response_is_not_found_and_cannot_be_continued(client):

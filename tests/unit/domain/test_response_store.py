@@ -48,7 +48,38 @@ def test_putting_an_id_again_replaces_it_without_double_counting():
     assert store.get("a") is not None and store.get("b") is not None
 
 
-def test_size_counts_the_body_and_the_conversation_text():
+def test_size_counts_the_body_and_every_string_of_the_conversation():
     stored = StoredResponse.of(b"12345", [{"role": "user", "content": "abc"}])
 
-    assert stored.size == 5 + 4 * 3
+    assert stored.size == 5 + 4 * len("roleusercontentabc")
+
+
+def call_turn(arguments: str, name: str = "f", call_id: str = "call_1") -> dict:
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    return {"role": "assistant", "content": "", "tool_calls": [call]}
+
+
+def test_function_call_arguments_names_and_ids_count_toward_the_size():
+    small = StoredResponse.of(b"{}", [call_turn("{}")])
+
+    for big in (
+        call_turn("x" * 1000),
+        call_turn("{}", name="f" * 1000),
+        call_turn("{}", call_id="c" * 1000),
+    ):
+        assert StoredResponse.of(b"{}", [big]).size - small.size >= 4 * 990
+
+
+def test_responses_whose_calls_carry_large_arguments_stay_within_the_byte_bound():
+    bound = 100_000
+    store = ResponseStore(max_responses=256, max_bytes=bound)
+    ids = [f"resp_{n}" for n in range(256)]
+
+    for response_id in ids:
+        store.put(response_id, StoredResponse.of(b"{}", [call_turn("x" * 10_000)]))
+
+    kept = [stored for stored in map(store.get, ids) if stored is not None]
+    assert kept and sum(stored.size for stored in kept) <= bound
+    assert sum(len(s.conversation[0]["tool_calls"][0]["function"]["arguments"]) for s in kept) <= (
+        bound // 4
+    )
