@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from domain.errors import DomainError
 from domain.outputs import ChoiceDelta, LogprobEntry, Usage
-from domain.tool_calls import ToolCall
 from domain.wire import JsonObject
 
 
@@ -130,25 +128,14 @@ def usage_chunk(header: ResponseHeader, usage: Usage, *, chat: bool) -> JsonObje
     return _chunk(header, "chat.completion.chunk" if chat else "text_completion", [], usage)
 
 
-def chat_choice(
-    choice: ChoiceResult,
-    logprobs: JsonObject | None = None,
-    tool_calls: Sequence[ToolCall] | None = None,
-) -> JsonObject:
-    """With `tool_calls` (a forced call's parsed output) the message carries them instead of
-    content, and a choice that ended by completing them finishes with `tool_calls`."""
-    message: JsonObject = {"role": "assistant", "content": choice.text, "tool_calls": []}
-    if tool_calls is not None:
-        message = {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [call.to_wire() for call in tool_calls],
-        }
+def chat_choice(choice: ChoiceResult, logprobs: JsonObject | None = None) -> JsonObject:
+    """A choice as the model wrote it, all content (parsed answers and forced tool calls go
+    through `domain.parsers.presentation`)."""
     return {
         "index": choice.index,
-        "message": message,
+        "message": {"role": "assistant", "content": choice.text, "tool_calls": []},
         "logprobs": logprobs,
-        "finish_reason": tool_finish(choice.finish_reason, tool_calls is not None),
+        "finish_reason": choice.finish_reason,
         "stop_reason": choice.stop_reason,
     }
 

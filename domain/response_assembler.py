@@ -20,7 +20,7 @@ from domain.response_objects import (
     reasoning_part,
     response_object,
 )
-from domain.tool_calls import ToolCallDelta, ToolCallMode, ToolCallStream
+from domain.tool_calls import ToolCallDelta
 from domain.wire import JsonObject
 
 # Renders output-text entries as the wire shows them; None when logprobs were not included.
@@ -84,10 +84,9 @@ class ResponseAssembler:
     Items follow the output's order: reasoning text goes to a reasoning item, content to a
     message item with one `output_text` part, each tool call to a `function_call` item; a new
     kind of text closes the open item. Output-text entries are only the parsed content's
-    entries (reasoning, tool data and delimiters have none). Under a forced tool call the whole
-    content is the calls' JSON: it becomes `function_call` items and has no entries. The
-    usage's reasoning tokens are the sum of the parsed deltas' counts, so a stream and the
-    whole answer report the same.
+    entries (reasoning, tool data and delimiters have none); a forced tool call's JSON comes
+    already parsed into calls (`domain.parsers.forced`). The usage's reasoning tokens are the
+    sum of the parsed deltas' counts, so a stream and the whole answer report the same.
     """
 
     def __init__(
@@ -96,12 +95,10 @@ class ResponseAssembler:
         settings: ResponseSettings,
         *,
         entries: EntryRenderer | None = None,
-        forced_calls: ToolCallMode | None = None,
     ) -> None:
         self._header = header
         self._settings = settings
         self._render = entries
-        self._forced = ToolCallStream(forced_calls) if forced_calls is not None else None
         self._items: list[_Item] = []
         self._open: _Item | None = None
         self._calls: dict[int, _Item] = {}
@@ -130,13 +127,9 @@ class ResponseAssembler:
         self._reasoning_tokens += parsed.reasoning_tokens
         if parsed.reasoning:
             self._reasoning(parsed.reasoning, events)
-        content, entries, calls = parsed.content, parsed.content_logprobs, parsed.tool_calls
-        if self._forced is not None:
-            calls = (*calls, *(self._forced.feed(content) if content else ()))
-            content, entries = "", ()
-        if content or entries:
-            self._content(content, entries, events)
-        for call in calls:
+        if parsed.content or parsed.content_logprobs:
+            self._content(parsed.content, parsed.content_logprobs, events)
+        for call in parsed.tool_calls:
             self._call(call, events)
         if parsed.finished:
             self._finish_reason = parsed.finish_reason

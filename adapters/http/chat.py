@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Sequence
 
 import falcon.asgi
@@ -16,6 +17,7 @@ from adapters.http.streaming import stream_chunks
 from domain.api_request import ApiRequest
 from domain.logprob_presentation import TokenRendering, chat_logprobs, vllm_prompt_logprobs
 from domain.outputs import ChoiceDelta, LogprobEntry, Usage
+from domain.parsers.forced import whole_forced_answer
 from domain.parsers.parsed import ParserConfig, choice_parser
 from domain.parsers.presentation import parsed_delta, parsed_message
 from domain.presentation import (
@@ -26,7 +28,6 @@ from domain.presentation import (
     chat_response,
     tool_finish,
 )
-from domain.tool_calls import ToolCallStream, collect_tool_calls
 from domain.wire import JsonObject
 
 
@@ -39,7 +40,11 @@ class ChatCompletionsResource:
         served = self._holder.served
         body = await read_json(req, self._settings.max_body_bytes)
         job = chat_request(body, served.tokenizer, auto_tool_choice=served.parsers.auto_tool_choice)
-        parsers = served.parsers.config(tools=job.structure.auto_tools, prompt=job.prompts[0].text)
+        parsers = served.parsers.config(
+            tools=job.structure.auto_tools,
+            prompt=job.prompts[0].text,
+            forced=job.structure.tool_calls,
+        )
         header = generation.start(job, served, "chatcmpl")
         group = generation.request_group(job, served, header, self._settings.channel_capacity)
         rendering = generation.rendering(job, served)
@@ -53,14 +58,8 @@ class ChatCompletionsResource:
         if parsers.parses:
             body = [_parsed_choice(c, job, rendering, parsers) for c in collected.choices]
         else:
-            mode = job.structure.tool_calls
             body = [
-                chat_choice(
-                    c,
-                    _logprobs(job, c.logprobs, rendering),
-                    collect_tool_calls(mode, c.text) if mode is not None else None,
-                )
-                for c in collected.choices
+                chat_choice(c, _logprobs(job, c.logprobs, rendering)) for c in collected.choices
             ]
         prompt_logprobs = None
         if job.prompt_logprobs is not None:
@@ -84,17 +83,12 @@ def _logprobs(
 def _stream(
     header: ResponseHeader, job: ApiRequest, group: RequestGroup, rendering: TokenRendering
 ) -> AsyncIterator[SSEvent]:
-    mode = job.structure.tool_calls
-    calls = {index: ToolCallStream(mode) for index in range(job.n)} if mode is not None else {}
-
     def build(index: int, delta: ChoiceDelta, text: str, usage: Usage | None) -> dict:
         content: dict = {"content": text} if text else {}
-        if index in calls:
-            deltas = calls[index].feed(text)
-            content = {"tool_calls": [d.to_wire() for d in deltas]} if deltas else {}
         logprobs = _logprobs(job, delta.logprobs, rendering)
-        finish = tool_finish(delta.finish_reason, index in calls)
-        return chat_chunk(header, index, content, finish, delta.stop_reason, usage, logprobs)
+        return chat_chunk(
+            header, index, content, delta.finish_reason, delta.stop_reason, usage, logprobs
+        )
 
     opening = [
         chat_chunk(header, index, {"role": "assistant", "content": ""}) for index in range(job.n)
@@ -105,7 +99,8 @@ def _stream(
 def _parsed_choice(
     choice: ChoiceResult, job: ApiRequest, rendering: TokenRendering, parsers: ParserConfig
 ) -> JsonObject:
-    """A whole choice through the parsers: the same parse its stream would give."""
+    """A whole choice through the parsers: the same parse its stream would give, except that
+    a forced call cut short stays content (a stream has sent its pieces as calls by then)."""
     whole = ChoiceDelta(
         choice.index,
         choice.text,
@@ -114,7 +109,9 @@ def _parsed_choice(
         choice.stop_reason,
         tuple(choice.logprobs),
     )
-    parsed = choice_parser(choice.index, parsers).feed(whole)
+    parsed = choice_parser(choice.index, dataclasses.replace(parsers, forced=None)).feed(whole)
+    if parsers.forced is not None:
+        parsed = whole_forced_answer(parsed, parsers.forced)
     return {
         "index": choice.index,
         "message": parsed_message(parsed, reasoning=parsers.reasoning_parser is not None),

@@ -46,12 +46,7 @@ class ResponsesResource:
             served.check_model(job.api.model)
             capacity = self._settings.channel_capacity
             group = generation.request_group(job.api, served, header, capacity)
-        assembler = ResponseAssembler(
-            header,
-            job.settings,
-            entries=_renderer(job, served),
-            forced_calls=job.api.structure.tool_calls,
-        )
+        assembler = ResponseAssembler(header, job.settings, entries=_renderer(job, served))
         parser = choice_parser(0, _parser_config(job, served))
         if job.api.stream:
             resp.sse = self._stream(job, group, assembler, parser)
@@ -137,6 +132,9 @@ def _renderer(job: ResponsesJob, served: ServedModel) -> EntryRenderer | None:
 
 
 def _parser_config(job: ResponsesJob, served: ServedModel) -> ParserConfig:
-    """The server's parsers; tool calls are parsed only under auto tool choice."""
-    prompt = job.api.prompts[0].text
-    return served.parsers.config(tools=job.api.structure.auto_tools, prompt=prompt)
+    """The server's parsers; tool calls are parsed only under auto tool choice, and a forced
+    tool call's content is its calls."""
+    structure = job.api.structure
+    return served.parsers.config(
+        tools=structure.auto_tools, prompt=job.api.prompts[0].text, forced=structure.tool_calls
+    )

@@ -2,7 +2,9 @@
 
 For the Responses API (and chat): build one parser per choice with
 `choice_parser(index, config)`, feed it every `ChoiceDelta` of that choice in order, and use the
-returned `ParsedDelta`s instead of the raw deltas. The delta with a `finish_reason` flushes the
+returned `ParsedDelta`s instead of the raw deltas. Under a forced tool call (`config.forced`)
+the content is the calls' JSON: it comes out as `tool_calls` deltas, with no content and no
+content entries (`domain.parsers.forced`). The delta with a `finish_reason` flushes the
 parser, so its `ParsedDelta` carries whatever was held back. `content_logprobs` are exactly the
 entries of tokens whose first character lies in content; their `text_offset` is an offset into
 the concatenated `content` (not into the raw text), so their texts concatenate to the content.
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from domain.outputs import ChoiceDelta, LogprobEntry
-from domain.tool_calls import ToolCallDelta
+from domain.tool_calls import ToolCallDelta, ToolCallMode
 
 REASONING_PARSERS = ("deepseek_r1", "qwen3")
 TOOL_CALL_PARSERS = ("hermes",)
@@ -60,6 +62,8 @@ class ParserConfig:
     `prompt_in_reasoning` says the prompt (or chat template) already opened the reasoning
     block, so the output starts inside it. `tools` is whether tool calls are parsed at all
     (a request with `tools` and `tool_choice: "auto"` on a server with auto tool choice).
+    `forced` is the request's forced tool call (`tool_choice` required or a named function),
+    whose output's content is the calls' JSON.
     """
 
     reasoning_parser: str | None = None
@@ -68,6 +72,7 @@ class ParserConfig:
     prompt_in_reasoning: bool = False
     reasoning_start: str = "<think>"
     reasoning_end: str = "</think>"
+    forced: ToolCallMode | None = None
 
     def __post_init__(self) -> None:
         if self.reasoning_parser not in (None, *REASONING_PARSERS):
@@ -78,11 +83,17 @@ class ParserConfig:
             raise ValueError("reasoning start and end strings must not be empty")
 
     @property
-    def parses(self) -> bool:
-        """Whether any parser applies; without one, deltas pass through unchanged."""
+    def segments(self) -> bool:
+        """Whether a reasoning or tool-call parser splits the text."""
         return self.reasoning_parser is not None or (
             self.tools and self.tool_call_parser is not None
         )
+
+    @property
+    def parses(self) -> bool:
+        """Whether the deltas change at all: a parser splits them, or a forced tool call turns
+        their content into calls; otherwise they pass through unchanged."""
+        return self.segments or self.forced is not None
 
 
 class ChoiceParser(Protocol):
@@ -107,10 +118,15 @@ class PassThrough:
 
 def choice_parser(index: int, config: ParserConfig) -> ChoiceParser:
     """The parser of choice `index` under `config`."""
-    if not config.parses:
-        return PassThrough()
-    # The real parsers land in domain.parsers.choice; imported late to keep this module the
-    # small, stable interface.
-    from domain.parsers.choice import SegmentingParser
+    # The real parsers live in domain.parsers.choice and .forced; imported late to keep this
+    # module the small, stable interface.
+    parser: ChoiceParser = PassThrough()
+    if config.segments:
+        from domain.parsers.choice import SegmentingParser
 
-    return SegmentingParser(index, config)
+        parser = SegmentingParser(index, config)
+    if config.forced is not None:
+        from domain.parsers.forced import ForcedCallParser
+
+        parser = ForcedCallParser(parser, config.forced)
+    return parser

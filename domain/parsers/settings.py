@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 
 from domain.parsers.parsed import REASONING_PARSERS, TOOL_CALL_PARSERS, ParserConfig
+from domain.tool_calls import ToolCallMode
 
 DEFAULT_START = "<think>"
 DEFAULT_END = "</think>"
@@ -63,9 +64,12 @@ class ParserSettings:
         if self.auto_tool_choice and self.tool_call_parser is None:
             raise ValueError("--enable-auto-tool-choice needs --tool-call-parser")
 
-    def config(self, *, tools: bool, prompt: str) -> ParserConfig:
+    def config(
+        self, *, tools: bool, prompt: str, forced: ToolCallMode | None = None
+    ) -> ParserConfig:
         """The parsers of a request whose templated prompt is `prompt`; `tools` says it asked
-        for tool calls the parser should find (`tool_choice: "auto"` with tools)."""
+        for tool calls the parser should find (`tool_choice: "auto"` with tools), `forced` is
+        the tool call it forces, if any."""
         return ParserConfig(
             reasoning_parser=self.reasoning_parser,
             tool_call_parser=self.tool_call_parser,
@@ -73,6 +77,7 @@ class ParserSettings:
             prompt_in_reasoning=self.reasoning_parser is not None and self.opens(prompt),
             reasoning_start=self.reasoning.start,
             reasoning_end=self.reasoning.end,
+            forced=forced,
         )
 
     @property

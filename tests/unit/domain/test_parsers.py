@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,10 +14,12 @@ from hypothesis import strategies as st
 from domain.emission import ChoiceEmission
 from domain.logprobs import PositionLogprobs, TokenLogprob
 from domain.outputs import ChoiceDelta, LogprobEntry
+from domain.parsers.forced import whole_forced_answer
 from domain.parsers.parsed import ParsedDelta, ParserConfig, choice_parser
 from domain.parsers.spans import Kind
 from domain.records import CompletionRecord, Finish, Role
 from domain.sampling import SamplingParams
+from domain.tool_calls import ToolCallMode
 
 DEEPSEEK = ParserConfig(reasoning_parser="deepseek_r1")
 QWEN = ParserConfig(reasoning_parser="qwen3")
@@ -205,6 +208,79 @@ class TestHermes:
 
         assert out.content == f"<tool_call>{self.CALL}</tool_call>"
         assert out.entry_ids == [0, 1, 2]
+
+
+class TestForcedCalls:
+    NAMED = ToolCallMode((("f", {"type": "object"}),), named="f")
+    REQUIRED = ToolCallMode((("f", {"type": "object"}), ("g", {"type": "object"})))
+
+    @pytest.mark.parametrize(
+        "config", [ParserConfig(), ParserConfig(tool_call_parser="hermes"), QWEN]
+    )
+    def test_a_named_calls_output_is_its_arguments_and_its_tokens_get_no_entries(self, config):
+        out = run(tokens('{"a"', ": 2", "}"), dataclasses.replace(config, forced=self.NAMED))
+
+        assert out.calls() == [("f", '{"a": 2}')]
+        assert (out.content, out.entries) == ("", [])
+
+    def test_a_required_call_is_announced_when_its_name_closes(self):
+        pieces = tokens('[{"name": "g", ', '"parameters": {', '"b": 1}}]')
+        out = run(pieces, ParserConfig(forced=self.REQUIRED))
+
+        assert out.parsed[0].tool_calls[0].name == "g"
+        assert out.calls() == [("g", '{"b": 1}')]
+        assert (out.content, out.entries) == ("", [])
+
+    @pytest.mark.parametrize(
+        "config",
+        [
+            ParserConfig(reasoning_parser="deepseek_r1"),
+            ParserConfig(reasoning_parser="qwen3"),
+            ParserConfig(reasoning_parser="qwen3", prompt_in_reasoning=True),
+            ParserConfig(reasoning_parser="deepseek_r1", tool_call_parser="hermes"),
+        ],
+    )
+    def test_the_call_is_read_from_the_content_after_the_reasoning(self, config):
+        pieces = tokens("<think>", "hm", "</think>", "\n", '{"a"', ": 2}")
+
+        out = run(pieces, dataclasses.replace(config, forced=self.NAMED))
+
+        assert out.reasoning == "hm"
+        assert out.calls() == [("f", '{"a": 2}')]
+        assert (out.content, out.entries) == ("", [])
+
+    def test_the_finish_and_the_reasoning_count_pass_through(self):
+        config = ParserConfig(reasoning_parser="deepseek_r1", forced=self.NAMED)
+        pieces = tokens("hm", "</think>", "{}")
+
+        out = run(pieces, config)
+
+        assert out.parsed[-1].finish_reason == "length"
+        assert sum(p.reasoning_tokens for p in out.parsed) == 1
+
+    def test_a_whole_answer_cut_short_stays_content_with_its_entries(self):
+        out = run(tokens("<think>", "hm", "</think>", '[{"name": '), QWEN)
+        merged = out.raw[0]
+        for delta in out.raw[1:]:
+            merged = merged.merge(delta)
+        parsed = choice_parser(0, QWEN).feed(merged)
+
+        answer = whole_forced_answer(parsed, self.REQUIRED)
+
+        assert answer == parsed
+        assert (answer.content, [e.position.chosen.token_id for e in answer.content_logprobs]) == (
+            '[{"name": ',
+            [3],
+        )
+
+    def test_a_whole_answer_that_completes_the_json_is_the_calls_without_entries(self):
+        out = run(tokens('[{"name": "f", "parameters": {}}]'), ParserConfig())
+        parsed = choice_parser(0, ParserConfig()).feed(out.raw[0])
+
+        answer = whole_forced_answer(parsed, self.REQUIRED)
+
+        assert [(c.name, c.arguments) for c in answer.tool_calls] == [("f", "{}")]
+        assert (answer.content, answer.content_logprobs) == ("", ())
 
 
 def test_unknown_parser_names_are_rejected():

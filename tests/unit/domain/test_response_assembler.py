@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from domain.logprobs import PositionLogprobs, TokenLogprob
-from domain.outputs import LogprobEntry, Usage
-from domain.parsers.parsed import ParsedDelta
+from domain.outputs import ChoiceDelta, LogprobEntry, Usage
+from domain.parsers.parsed import ParsedDelta, ParserConfig, choice_parser
 from domain.presentation import ResponseHeader
 from domain.response_assembler import ResponseAssembler
 from domain.response_objects import ResponseSettings
@@ -15,8 +15,8 @@ from domain.tool_calls import ToolCallDelta, ToolCallMode
 HEADER = ResponseHeader("resp_1", 7, "m")
 
 
-def make_entry(token_id: int) -> LogprobEntry:
-    return LogprobEntry(PositionLogprobs(TokenLogprob(token_id, -0.5), ()), 0)
+def make_entry(token_id: int, text_offset: int = 0) -> LogprobEntry:
+    return LogprobEntry(PositionLogprobs(TokenLogprob(token_id, -0.5), ()), text_offset)
 
 
 def render(entries: Sequence[LogprobEntry]) -> list[dict]:
@@ -81,17 +81,19 @@ def test_a_length_finish_leaves_the_response_and_its_open_item_incomplete():
     assert response["output"][0]["status"] == "incomplete"
 
 
-def test_a_forced_call_turns_content_into_call_items_without_entries():
+def test_a_forced_calls_parsed_output_becomes_call_items_without_entries():
     mode = ToolCallMode((("f", {"type": "object"}),), named="f")
-    assembler = make_assembler(forced_calls=mode)
+    parser = choice_parser(0, ParserConfig(reasoning_parser="qwen3", forced=mode))
+    assembler = make_assembler()
 
-    assembler.feed(ParsedDelta(0, content='{"a"', content_logprobs=(make_entry(1),)))
-    assembler.feed(ParsedDelta(0, content=": 2}", content_logprobs=(make_entry(2),)))
-    assembler.finish(Usage(1, 2))
+    assembler.feed(parser.feed(ChoiceDelta(0, '{"a"', (1,), logprobs=(make_entry(1),))))
+    assembler.feed(parser.feed(ChoiceDelta(0, ": 2}", (2,), "stop", logprobs=(make_entry(2, 4),))))
+    events = assembler.finish(Usage(1, 2))
 
     (call,) = assembler.response()["output"]
     assert call["type"] == "function_call" and call["name"] == "f"
     assert call["arguments"] == '{"a": 2}'
+    assert not [e for e in events if e["type"].startswith("response.output_text")]
 
 
 def test_without_a_renderer_entries_are_left_out():
