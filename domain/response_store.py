@@ -26,9 +26,9 @@ class StoredResponse:
 
     @staticmethod
     def of(body: bytes, conversation: Sequence[Mapping[str, object]]) -> StoredResponse:
-        """`size` bounds the memory held: the body's bytes plus every string of the
-        conversation (content, roles, function-call names, ids and arguments, keys too) at
-        four bytes a character, the most a Python string spends on one."""
+        """`size` is what the store counts against its bound: the body's bytes plus every
+        string of the conversation (content, roles, function-call names, ids and arguments,
+        keys too) at four bytes a character, the most a Python string spends on one."""
         return StoredResponse(body, tuple(conversation), len(body) + _footprint(conversation))
 
 
