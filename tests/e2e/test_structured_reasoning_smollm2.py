@@ -2,9 +2,9 @@
 `--reasoning-parser qwen3` and a chat template that opens `<think>`, the official client.
 
 SmolLM2 has no `<think>` token: both markers are several tokens, so the end string is forced
-token by token and a model that begins it itself is continued, not restarted. logit_bias on
-the end string's first token makes the model close its reasoning by itself after some free
-tokens; the grammar then takes over, and the schemas hold no strings it could land in.
+token by token and a model that begins it itself is continued, not restarted. SmolLM2 never
+closes a block itself, so the budget does; logit_bias keeps it from ending with EOS inside its
+reasoning (which would leave no content), and changes nothing the grammar decides alone.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from adapters.gpu.loading.default_model import default_model_dir
-from adapters.tokenizer.hf_tokenizer import HfTokenizer
+from adapters.tokenizer.hf import HfTokenizer
 from tests.e2e.conftest import RunningServer, running_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
@@ -57,7 +57,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = json.loads((source / "tokenizer_config.json").read_text(encoding="utf-8"))
     template = config["chat_template"]
     opened = template.replace(
-        "{{ '<|im_start|>assistant\\n' }}", "{{ '<|im_start|>assistant\\n<think>\\n' }}"
+        "{{ '<|im_start|>assistant\n' }}", "{{ '<|im_start|>assistant\n<think>\n' }}"
     )
     assert opened != template, "the template's generation prompt moved"
     config["chat_template"] = opened
@@ -86,45 +86,75 @@ def tokenizer(model_dir: Path) -> HfTokenizer:
     return HfTokenizer.from_dir(model_dir)
 
 
-def ask(client: openai.OpenAI, index: int, **extra: object):
+MESSAGES = [{"role": "user", "content": "Rate the weather today, briefly, as JSON."}]
+
+
+def response_format(index: int) -> dict:
     schema = SCHEMAS[index % len(SCHEMAS)]
+    return {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}
+
+
+def no_eos(tokenizer: HfTokenizer) -> dict[str, int]:
+    """Keeps the model from ending inside its reasoning; once the JSON is complete the grammar
+    allows EOS alone, which then ends the choice whatever its bias."""
+    return {str(token): -100 for token in tokenizer.eos_token_ids}
+
+
+def ask(client: openai.OpenAI, index: int, budget: int, bias: dict[str, int]):
     reply = client.chat.completions.create(
         model=MODEL,
-        messages=[{"role": "user", "content": "Rate the weather today, briefly, as JSON."}],
-        response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": schema}},
-        max_tokens=48,
+        messages=MESSAGES,  # type: ignore[arg-type]
+        response_format=response_format(index),  # type: ignore[arg-type]
+        max_tokens=64,
         temperature=0.8,
         seed=2000 + index,
-        **extra,  # type: ignore[arg-type]
+        logit_bias=bias,
+        extra_body={"thinking_token_budget": budget},
     )
-    return schema, reply.choices[0]
+    return reply.choices[0]
 
 
 def test_fifty_schema_requests_reason_freely_then_answer_valid_json(client, tokenizer):
-    end_first = tokenizer.encode("</think>", add_special_tokens=False)[0]
-    bias = {"logit_bias": {str(end_first): 6}}
-
+    # SmolLM2 never learned `</think>`: a budget closes what the model does not.
+    bias = no_eos(tokenizer)
     with ThreadPoolExecutor(CONCURRENCY) as pool:
-        replies = list(pool.map(lambda i: ask(client, i, **bias), range(50)))
+        replies = list(pool.map(lambda i: ask(client, i, 16, bias), range(50)))
 
-    thought = 0
-    for schema, choice in replies:
-        assert choice.finish_reason == "stop", choice
-        jsonschema.validate(json.loads(choice.message.content), schema)
-        thought += bool(choice.message.model_extra.get("reasoning"))
-    assert thought > 25, "most answers reasoned before the JSON"
-
-
-def test_a_budget_of_eight_closes_the_reasoning_at_eight_tokens(client, tokenizer):
-    no_end = {str(tokenizer.encode("</think>", add_special_tokens=False)[0]): -100}
-    for index in range(4):
-        schema, choice = ask(
-            client, index, logit_bias=no_end, extra_body={"thinking_token_budget": 8}
-        )
-
+    for index, choice in enumerate(replies):
+        schema = SCHEMAS[index % len(SCHEMAS)]
         assert choice.finish_reason == "stop", choice
         jsonschema.validate(json.loads(choice.message.content), schema)
         reasoning = choice.message.model_extra["reasoning"]
-        # The template's `<think>\n`: the `\n` counts, as the tokens after the start do.
-        counted = tokenizer.encode("\n" + reasoning, add_special_tokens=False)
-        assert len(counted) == 8, (reasoning, counted)
+        assert reasoning and "</think>" not in reasoning, choice
+
+
+def test_a_budget_of_eight_closes_the_reasoning_at_eight_tokens(client, tokenizer):
+    prompt = tokenizer.apply_chat_template(MESSAGES)
+    assert prompt.endswith("<think>\n")
+    for index in range(4):
+        chat = ask(client, index, 8, no_eos(tokenizer))
+        raw = client.completions.create(
+            model=MODEL,
+            prompt=prompt,
+            max_tokens=64,
+            temperature=0.8,
+            seed=2000 + index,
+            logprobs=0,
+            logit_bias=no_eos(tokenizer),  # type: ignore[arg-type]
+            extra_body={
+                "thinking_token_budget": 8,
+                "response_format": response_format(index),
+                "return_tokens_as_token_ids": True,
+            },
+        ).choices[0]
+
+        reasoning, content = raw.text.split("</think>")
+        assert (reasoning, content) == (chat.message.model_extra["reasoning"], chat.message.content)
+        jsonschema.validate(json.loads(content), SCHEMAS[index % len(SCHEMAS)])
+        # The block counts the prompt's `\n` after `<think>` and seven sampled tokens (a start
+        # of the end string among them, if the model began it); the rest of the end is forced
+        # and has no entry, so the sampled tokens after those seven are the JSON.
+        sampled = [int(t.removeprefix("token_id:")) for t in raw.logprobs.tokens]
+        thought = tokenizer.decode(sampled[:7], skip_special_tokens=False)
+        assert f"{reasoning}</think>".startswith(thought) and len(thought) >= len(reasoning)
+        assert tokenizer.decode(sampled[7:], skip_special_tokens=False) == content

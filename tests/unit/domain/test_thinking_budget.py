@@ -14,7 +14,6 @@ import pytest
 from domain.engine import Engine, EngineConfig
 from domain.engine_request import EngineRequest
 from domain.errors import InvalidRequestError
-from domain.grammar import GrammarKind, GrammarSpec
 from domain.logprob_rules import LogprobAsk
 from domain.outputs import ChoiceDelta
 from domain.records import Role
