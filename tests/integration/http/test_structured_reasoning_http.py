@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 from falcon import testing
 
+from adapters.cli.serve_config import ServeConfig
 from adapters.http.app import create_app
 from adapters.http.serving import ModelHolder, ServedModel
 from domain.parsers.settings import ParserSettings
@@ -34,6 +35,7 @@ SCHEMA = {
 }
 RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "t", "schema": SCHEMA}}
 FINAL_USAGE = b'"usage": {"input_tokens"'
+IN_REASONING = '{"enable_in_reasoning": true}'
 
 
 @pytest.fixture(scope="module")
@@ -212,3 +214,21 @@ def test_responses_give_a_reasoning_item_and_a_message_with_the_json(app, closed
     deltas = [e for e in events if e["type"] == "response.output_text.delta"]
     assert "".join(e["delta"] for e in deltas) == message["text"]
     assert [x for e in deltas for x in e["logprobs"]] == message["logprobs"]
+
+
+def test_enable_in_reasoning_makes_the_grammar_constrain_the_reasoning_too(thinking_served):
+    config = ServeConfig(reasoning_parser="qwen3", structured_outputs_config=IN_REASONING)
+    app = create_app(
+        ModelHolder(served=dataclasses.replace(thinking_served, parsers=config.parsers))
+    )
+    body = {
+        "messages": MESSAGES,
+        "max_tokens": 20,
+        "structured_outputs": {"choice": ["a</think>b"]},
+    }
+
+    message = post(app, "/v1/chat/completions", body)["choices"][0]["message"]
+
+    assert (message["reasoning"], message["content"]) == ("a", "b")
+    with pytest.raises(ValueError, match="unknown keys"):
+        _ = ServeConfig(structured_outputs_config='{"backend": "xgrammar"}').parsers
