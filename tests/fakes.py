@@ -216,7 +216,9 @@ class FakeExecutor:
         if self._grammars is None or work.grammar is None:
             raise AssertionError("a lane is constrained, but the fake has no grammar compiler")
         state = self._matchers.get(work.slot)
-        if state is None or state[0] != work.epoch:
+        # Nothing the grammar walks fed yet: a fresh start, as in GrammarLanes.
+        fresh = work.first_emitted_position <= work.constrained_from
+        if state is None or state[0] != work.epoch or fresh:
             state = (work.epoch, self._grammars.compile(work.grammar).matcher(), 0)
         epoch, matcher, generated = state
         fed = work.token_ids[: len(work.token_ids) - len(work.drafts)]

@@ -120,8 +120,11 @@ class GrammarLanes:
         outputs)."""
         lane = self._lanes.get(work.slot)
         # A chunk at position 0 begins a sequence's life in the slot, whatever its epoch says:
-        # another engine over this executor counts epochs afresh.
-        if lane is None or lane.epoch != work.epoch or work.start_position == 0:
+        # another engine over this executor counts epochs afresh. So does a lane that has fed
+        # nothing the grammar walks yet (a grammar that starts after the reasoning first
+        # appears on such a lane, mid-life, where a stale matcher may share its epoch).
+        fresh = work.start_position == 0 or work.first_emitted_position <= work.constrained_from
+        if lane is None or lane.epoch != work.epoch or fresh:
             assert work.grammar is not None
             matcher = self._compiler.compile(work.grammar).matcher()
             lane = self._lanes[work.slot] = _Lane(work.epoch, matcher)

@@ -207,3 +207,17 @@ def test_no_draft_is_verified_before_the_grammar_starts():
     for work in lanes:
         if work.grammar is None:
             assert not work.drafts and work.first_emitted_position < end_at + 2
+
+
+def test_a_second_engine_over_the_executor_starts_its_grammar_afresh_mid_life():
+    # Both engines admit into slot 0 at the same epoch; the second one's grammar first
+    # appears after its reasoning, where the first one's finished matcher still sits.
+    engine, executor = make_engine(thinker)
+    first = tokens_of(drain(engine, [reasoning_request("a", budget=3)])["a"])
+    config = EngineConfig(max_num_batched_tokens=64)
+    again = Engine(executor, FakeTokenizer(), config, grammars=FakeGrammarCompiler())
+
+    second = tokens_of(drain(again, [reasoning_request("b", budget=3)])["b"])
+
+    assert second == first
+    assert spelled(answer_after_end(second)) in CHOICES
