@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Sequence
 
 import falcon.asgi
@@ -115,6 +116,12 @@ def _parsed_choice(
         tuple(choice.logprobs),
     )
     parsed = choice_parser(choice.index, parsers).feed(whole)
+    mode = job.structure.tool_calls
+    if mode is not None and collect_tool_calls(mode, parsed.content) is not None:
+        # A forced call's grammar starts after the reasoning: its content is the calls' JSON,
+        # whose tokens, like any tool JSON, have no entries.
+        calls = tuple(ToolCallStream(mode).feed(parsed.content))
+        parsed = dataclasses.replace(parsed, content="", content_logprobs=(), tool_calls=calls)
     return {
         "index": choice.index,
         "message": parsed_message(parsed, reasoning=parsers.reasoning_parser is not None),
@@ -134,10 +141,16 @@ def _parsed_stream(
     """Each choice's deltas through its parser; a delta whose text is all held back sends
     nothing, and the entries of content travel in the chunk that carries their text."""
     choices = {index: choice_parser(index, parsers) for index in range(job.n)}
+    mode = job.structure.tool_calls
+    forced = {index: ToolCallStream(mode) for index in range(job.n)} if mode is not None else {}
     called: set[int] = set()
 
     def build(index: int, delta: ChoiceDelta, text: str, usage: Usage | None) -> dict | None:
         parsed = choices[index].feed(delta)
+        if index in forced:
+            # A forced call: the content (after any reasoning) is the calls' JSON, no entries.
+            calls = (*parsed.tool_calls, *forced[index].feed(parsed.content))
+            parsed = dataclasses.replace(parsed, content="", content_logprobs=(), tool_calls=calls)
         if parsed.tool_calls:
             called.add(index)
         if parsed.empty and not parsed.content_logprobs:

@@ -232,3 +232,39 @@ def test_enable_in_reasoning_makes_the_grammar_constrain_the_reasoning_too(think
     assert (message["reasoning"], message["content"]) == ("a", "b")
     with pytest.raises(ValueError, match="unknown keys"):
         _ = ServeConfig(structured_outputs_config='{"backend": "xgrammar"}').parsers
+
+
+def test_a_forced_tool_call_after_budgeted_reasoning_is_a_tool_call(app, closed_by_budget):
+    tool = {
+        "type": "function",
+        "function": {"name": "rate", "parameters": SCHEMA},
+    }
+    body = chat_body(
+        closed_by_budget,
+        n=1,
+        thinking_token_budget=3,
+        tools=[tool],
+        tool_choice={"type": "function", "function": {"name": "rate"}},
+    )
+    del body["response_format"]
+
+    choice = post(app, "/v1/chat/completions", body)["choices"][0]
+
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["reasoning"]
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "rate"
+    assert valid(call["function"]["arguments"])
+    # The arguments are tool JSON, not content: no entries.
+    assert not (choice["logprobs"] or {}).get("content")
+    _, text = stream_post(app, "/v1/chat/completions", json={**body, "stream": True})
+    reasoning, arguments, finish = "", "", None
+    for chunk in json_frames(text):
+        for streamed in chunk["choices"]:
+            reasoning += streamed["delta"].get("reasoning") or ""
+            for delta in streamed["delta"].get("tool_calls") or []:
+                arguments += delta["function"].get("arguments") or ""
+            assert not (streamed.get("logprobs") or {}).get("content")
+            finish = streamed["finish_reason"] or finish
+    assert (reasoning, arguments) == (choice["message"]["reasoning"], call["function"]["arguments"])
+    assert finish == "tool_calls"
