@@ -268,3 +268,28 @@ def test_a_forced_tool_call_after_budgeted_reasoning_is_a_tool_call(app, closed_
             finish = streamed["finish_reason"] or finish
     assert (reasoning, arguments) == (choice["message"]["reasoning"], call["function"]["arguments"])
     assert finish == "tool_calls"
+
+
+def test_completions_follow_the_parsers_reading_of_the_prompt(thinking_served, closed_by_budget):
+    deepseek = app_with(thinking_served, reasoning_parser="deepseek_r1")
+    qwen = app_with(thinking_served, reasoning_parser="qwen3")
+    word = {"structured_outputs": {"choice": ["brown fox"]}}
+    body = {"prompt": "the quick", "max_tokens": 30, "seed": 5, **closed_by_budget}
+    budget = {"thinking_token_budget": 2, "return_tokens_as_token_ids": True, "logprobs": 0}
+
+    def text(app, **extra: object) -> dict:
+        return post(app, "/v1/completions", {**body, **extra})["choices"][0]
+
+    # deepseek_r1 reads any output as reasoning first: two free tokens, the forced end, then
+    # the grammar; without a grammar the budget counts from the first token all the same.
+    constrained = text(deepseek, **budget, **word)
+    sampled = sampled_ids(constrained["logprobs"])
+    decode = thinking_served.tokenizer.decode
+    thought = decode(sampled[:2], skip_special_tokens=False)
+    assert constrained["text"] == f"{thought}</think>brown fox"
+    assert decode(sampled[2:], skip_special_tokens=True) == "brown fox"
+    free = text(deepseek, **budget)
+    assert free["text"].startswith(constrained["text"].split("</think>")[0] + "</think>")
+    # qwen3 reads a prompt that opened no block as the answer: the grammar owns the output
+    # from its first token, and the budget forces nothing into it.
+    assert text(qwen, **budget, **word)["text"] == "brown fox"
