@@ -105,7 +105,7 @@ def ask(client: openai.OpenAI, index: int, budget: int, bias: dict[str, int]):
         model=MODEL,
         messages=MESSAGES,  # type: ignore[arg-type]
         response_format=response_format(index),  # type: ignore[arg-type]
-        max_tokens=64,
+        max_tokens=48,
         temperature=0.8,
         seed=2000 + index,
         logit_bias=bias,
@@ -131,12 +131,12 @@ def test_fifty_schema_requests_reason_freely_then_answer_valid_json(client, toke
 def test_a_budget_of_eight_closes_the_reasoning_at_eight_tokens(client, tokenizer):
     prompt = tokenizer.apply_chat_template(MESSAGES)
     assert prompt.endswith("<think>\n")
-    for index in range(4):
+    for index in range(3):
         chat = ask(client, index, 8, no_eos(tokenizer))
         raw = client.completions.create(
             model=MODEL,
             prompt=prompt,
-            max_tokens=64,
+            max_tokens=48,
             temperature=0.8,
             seed=2000 + index,
             logprobs=0,
