@@ -23,8 +23,9 @@ class EngineRequest:
 
     `logprobs` is the request's logprob ask (`domain.logprob_rules`); with `prefill_only` the
     prompt is scored and nothing is generated (echo with `max_tokens` 0). With a `grammar`
-    every choice's output is constrained to it. With `thinking` each choice's reasoning blocks
-    are closed at the budget by forced end tokens.
+    every choice's output is constrained to it, from its first token or, when `thinking` reads
+    the output as beginning inside reasoning, from the token after that block's end. With a
+    `thinking` budget each choice's reasoning blocks are closed at it by forced end tokens.
     """
 
     request_id: str
@@ -44,14 +45,6 @@ class EngineRequest:
         if isinstance(self.n, bool) or not isinstance(self.n, int):
             raise InvalidRequestError("`n` must be an integer.", param="n")
         CHOICES.check(self.n, "n")
-        if self.thinking is not None and self.grammar is not None:
-            # A grammar constrains the whole output, reasoning included, and a forced end
-            # could leave it; vLLM applies grammars after reasoning, which ours do not.
-            raise InvalidRequestError(
-                "thinking_token_budget cannot be combined with structured outputs or a forced "
-                "tool call",
-                param="thinking_token_budget",
-            )
 
     @property
     def options(self) -> LogprobOptions | None:

@@ -210,10 +210,14 @@ class Scheduler:
             return 0
         k = speculative.num_speculative_tokens
         limit = min(k, sequence.draft_limit or k, sequence.remaining - 1, budget - 1)
-        if sequence.thinking is not None:
+        room = sequence.thinking_room
+        if room is not None:
             # Drafts are cut so that no round runs past a token the thinking budget forces;
             # a lane with a forced token pending does not speculate at all (room 0).
-            limit = min(limit, sequence.thinking.room - 1)
+            limit = min(limit, room - 1)
+        if sequence.awaits_grammar:
+            # A draft past the reasoning's end would emit answer tokens the grammar never saw.
+            return 0
         return max(0, limit)
 
     def _drafts(self, sequence: Sequence, chunk: int, budget: int) -> tuple[int, ...]:
@@ -309,6 +313,9 @@ class Scheduler:
         banned = sequence.banned_until_min_tokens
         if len(sequence.outputs) >= sequence.params.min_tokens:
             banned = ()
+        # The grammar travels only once it has started (after the reasoning, when the output
+        # begins inside it): until then the lane is free text.
+        grammar_start = sequence.grammar_start
         return SlotWork(
             slot=sequence.slot,
             epoch=sequence.epoch,
@@ -329,7 +336,8 @@ class Scheduler:
             propose=propose,
             draft_feed=sequence.tokens_between(sequence.draft_computed, end) if propose else (),
             draft_start=sequence.draft_computed if propose else 0,
-            grammar=sequence.grammar,
+            grammar=sequence.grammar if grammar_start is not None else None,
+            grammar_start=grammar_start,
             forced_token=forced,
         )
 

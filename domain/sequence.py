@@ -44,7 +44,8 @@ class Sequence:
     in_flight: int = 0
     num_preemptions: int = 0
     logprobs: LogprobOptions | None = None
-    # The output constraint; the executor walks it over the sequence's generated tokens.
+    # The output constraint; the executor walks it over the sequence's tokens from
+    # `grammar_start` on (after the reasoning, when the output begins inside it).
     grammar: GrammarSpec | None = None
     # Prompt scoring: whether this choice scores its prompt, and how many prompt rows (row r
     # scores position r + 1) are published; preemption keeps the count, so nothing repeats.
@@ -66,9 +67,35 @@ class Sequence:
     thinking: ThinkingTracker | None = None
 
     @property
+    def grammar_start(self) -> int | None:
+        """The position of the first token the grammar constrains: the first output token,
+        or, when the output begins inside reasoning, the token after the end that closes it
+        (None until then). None as well for a choice without a grammar."""
+        if self.grammar is None:
+            return None
+        offset = 0 if self.thinking is None else self.thinking.answer_offset
+        return None if offset is None else len(self.prompt) + offset
+
+    @property
+    def awaits_grammar(self) -> bool:
+        """The choice has a grammar that starts after reasoning still going on."""
+        return self.grammar is not None and self.grammar_start is None
+
+    @property
     def forced_token(self) -> int | None:
-        """The token the next emission must be (the thinking budget's end), if any."""
-        return None if self.thinking is None else self.thinking.forced_next
+        """The token the next emission must be (the thinking budget's end), if any; none once
+        a grammar has started, which owns every later token."""
+        if self.thinking is None or self.grammar_start is not None:
+            return None
+        return self.thinking.forced_next
+
+    @property
+    def thinking_room(self) -> int | None:
+        """Tokens one round may emit before the thinking budget forces one (see
+        `ThinkingTracker.room`); None when no budget applies."""
+        if self.thinking is None or self.grammar_start is not None:
+            return None
+        return self.thinking.room
 
     @property
     def needs_scoring(self) -> bool:

@@ -67,13 +67,15 @@ class SlotWork:
     `first_emitted_position` on.
 
     A lane with a `grammar` samples every token from its grammar's allowed set (each target row
-    of a speculative lane under the grammar's state after the drafts before it); its generated
-    tokens are the fed tokens at positions from `prompt_len` on, then what its records emit.
+    of a speculative lane under the grammar's state after the drafts before it); the grammar
+    walks the fed tokens at positions from `grammar_start` on (`prompt_len` when None; later
+    when the output began with reasoning), then what its records emit. A choice whose grammar
+    has not started yet (reasoning still open) has no `grammar` on its lanes.
 
     A lane with a `forced_token` (the thinking budget's forced end) emits that token instead of
     sampling one: the commit marks it in the record's forced mask, no logprob is reduced for
     it, and nothing is drawn for its position. Such a lane neither speculates nor is
-    constrained.
+    constrained (its grammar, if any, starts after the forced end).
     """
 
     slot: int
@@ -99,6 +101,8 @@ class SlotWork:
     draft_feed: tuple[int, ...] = ()
     draft_start: int = 0
     grammar: GrammarSpec | None = None
+    # The position of the first token the grammar constrains; None: `prompt_len`.
+    grammar_start: int | None = None
     forced_token: int | None = None
 
     def __post_init__(self) -> None:
@@ -128,6 +132,13 @@ class SlotWork:
             not self.sample or self.speculative or self.grammar is not None
         ):
             raise ValueError("a forced token is emitted by a plain sampling lane, unconstrained")
+        if self.grammar_start is not None and self.grammar_start < self.prompt_len:
+            raise ValueError("a grammar starts at a generated position")
+
+    @property
+    def constrained_from(self) -> int:
+        """The position of the first token the lane's grammar walks."""
+        return self.prompt_len if self.grammar_start is None else self.grammar_start
 
     @property
     def end_position(self) -> int:

@@ -211,15 +211,18 @@ class FakeExecutor:
         return context
 
     def _catch_up(self, work: SlotWork) -> None:
-        """A new epoch starts a fresh matcher, which then accepts re-fed generated tokens."""
+        """A new epoch starts a fresh matcher, which then accepts re-fed tokens from the
+        grammar's start on (after the reasoning when the output began with it)."""
         if self._grammars is None or work.grammar is None:
             raise AssertionError("a lane is constrained, but the fake has no grammar compiler")
         state = self._matchers.get(work.slot)
-        if state is None or state[0] != work.epoch:
+        # Nothing the grammar walks fed yet: a fresh start, as in GrammarLanes.
+        fresh = work.first_emitted_position <= work.constrained_from
+        if state is None or state[0] != work.epoch or fresh:
             state = (work.epoch, self._grammars.compile(work.grammar).matcher(), 0)
         epoch, matcher, generated = state
         fed = work.token_ids[: len(work.token_ids) - len(work.drafts)]
-        unseen = fed[max(0, work.prompt_len + generated - work.start_position) :]
+        unseen = fed[max(0, work.constrained_from + generated - work.start_position) :]
         if unseen and not matcher.accept(unseen):
             raise AssertionError(f"slot {work.slot}: the grammar refused fed output {unseen}")
         self._matchers[work.slot] = (epoch, matcher, generated + len(unseen))

@@ -12,7 +12,7 @@ from adapters.cli.runner_args import add_runner_arguments, parallel_launch, runn
 from adapters.cli.serve_config import ENVIRONMENT_VARIABLE, ServeConfig
 from adapters.metrics.registry import clear_multiprocess_directory, forget_process
 from domain.parsers.parsed import REASONING_PARSERS, TOOL_CALL_PARSERS
-from domain.parsers.settings import ReasoningStrings
+from domain.parsers.settings import ReasoningStrings, grammar_in_reasoning
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -71,6 +71,22 @@ def _add_parser_arguments(parser: argparse.ArgumentParser) -> None:
         "</think>); the end string is what thinking_token_budget forces",
     )
 
+    parser.add_argument(
+        "--structured-outputs-config",
+        type=_structured_outputs_config,
+        default=None,
+        help='JSON {"enable_in_reasoning": true} makes a grammar constrain the reasoning too '
+        "(by default it starts after the reasoning parser's end string)",
+    )
+
+
+def _structured_outputs_config(text: str) -> str:
+    try:
+        grammar_in_reasoning(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
 
 def _reasoning_config(text: str) -> str:
     try:
@@ -117,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
         tool_call_parser=args.tool_call_parser,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         reasoning_config=args.reasoning_config,
+        structured_outputs_config=args.structured_outputs_config,
     )
     try:
         config.parsers  # noqa: B018 -- checks the flags together before gunicorn starts

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 from adapters.gpu.factory import RunnerSettings
 from adapters.gpu.parallel.launch import ParallelLaunch
-from domain.parsers.settings import ParserSettings, ReasoningStrings
+from domain.parsers.settings import ParserSettings, ReasoningStrings, grammar_in_reasoning
 from domain.speculation import SpeculativeConfig
 
 ENVIRONMENT_VARIABLE = "HELIOS_SERVE_CONFIG"
@@ -32,6 +32,8 @@ class ServeConfig:
     enable_auto_tool_choice: bool = False
     # `--reasoning-config` as JSON (reasoning_start_str, reasoning_end_str), or None.
     reasoning_config: str | None = None
+    # `--structured-outputs-config` as JSON (enable_in_reasoning), or None.
+    structured_outputs_config: str | None = None
 
     @property
     def speculative(self) -> SpeculativeConfig | None:
@@ -52,6 +54,10 @@ class ServeConfig:
             self.enable_auto_tool_choice,
             strings,
             reasoning_configured=self.reasoning_config is not None,
+            grammar_in_reasoning=(
+                self.structured_outputs_config is not None
+                and grammar_in_reasoning(self.structured_outputs_config)
+            ),
         )
 
     def to_environment(self) -> str:

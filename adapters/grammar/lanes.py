@@ -114,17 +114,22 @@ class GrammarLanes:
         )
 
     def _catch_up(self, work: SlotWork) -> None:
-        """Starts the slot's matcher at a new epoch, then accepts the generated tokens the lane
-        feeds that it has not yet seen (a readmitted sequence re-feeds its outputs)."""
+        """Starts the slot's matcher at a new epoch, then accepts the tokens from the grammar's
+        start on (`SlotWork.constrained_from`: after the reasoning when the output began with
+        it) that the lane feeds and it has not yet seen (a readmitted sequence re-feeds its
+        outputs)."""
         lane = self._lanes.get(work.slot)
         # A chunk at position 0 begins a sequence's life in the slot, whatever its epoch says:
-        # another engine over this executor counts epochs afresh.
-        if lane is None or lane.epoch != work.epoch or work.start_position == 0:
+        # another engine over this executor counts epochs afresh. So does a lane that has fed
+        # nothing the grammar walks yet (a grammar that starts after the reasoning first
+        # appears on such a lane, mid-life, where a stale matcher may share its epoch).
+        fresh = work.start_position == 0 or work.first_emitted_position <= work.constrained_from
+        if lane is None or lane.epoch != work.epoch or fresh:
             assert work.grammar is not None
             matcher = self._compiler.compile(work.grammar).matcher()
             lane = self._lanes[work.slot] = _Lane(work.epoch, matcher)
         fed = work.token_ids[: len(work.token_ids) - len(work.drafts)]
-        unseen = fed[max(0, work.prompt_len + lane.generated - work.start_position) :]
+        unseen = fed[max(0, work.constrained_from + lane.generated - work.start_position) :]
         if unseen:
             if not lane.matcher.accept(unseen):
                 raise RuntimeError(f"slot {work.slot}: the grammar refused fed output {unseen}")

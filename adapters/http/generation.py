@@ -28,7 +28,6 @@ def start(job: ApiRequest, served: ServedModel, prefix: str) -> ResponseHeader:
 def request_group(
     job: ApiRequest, served: ServedModel, header: ResponseHeader, capacity: int
 ) -> RequestGroup:
-    thinking = thinking_budget(job, served)
     requests = [
         EngineRequest(
             f"{header.id}-{index}",
@@ -38,26 +37,40 @@ def request_group(
             logprobs=job.logprob_ask,
             prefill_only=job.scores_prompt and not job.generates,
             grammar=job.structure.grammar,
-            thinking=thinking,
+            thinking=thinking_budget(job, served, prompt.text),
         )
         for index, prompt in enumerate(job.prompts)
     ]
     return RequestGroup(served.engine, requests, capacity)
 
 
-def thinking_budget(job: ApiRequest, served: ServedModel) -> ThinkingBudget | None:
-    """The request's thinking budget over the served reasoning markers; a budget on a server
-    without a reasoning parser or `--reasoning-config` is a 400, as vLLM refuses it."""
-    if job.thinking_token_budget is None:
-        return None
+def thinking_budget(job: ApiRequest, served: ServedModel, prompt: str) -> ThinkingBudget | None:
+    """How the choices of `prompt` (its templated text) reason: the thinking budget over the
+    served reasoning markers, with the reasoning parser's reading of where the output begins.
+
+    A grammar on a server with a reasoning parser needs the reading even without a budget, so
+    that it starts after the reasoning. A budget on a server without a reasoning parser or
+    `--reasoning-config` is a 400, as vLLM refuses it.
+    """
     markers = served.thinking_markers
-    if markers is None:
+    parsers = served.parsers
+    grammar = job.structure.grammar is not None
+    if job.thinking_token_budget is None:
+        if not grammar or markers is None or not parsers.grammar_waits(prompt):
+            return None
+    elif markers is None:
         raise InvalidRequestError(
             "thinking_token_budget needs a server started with --reasoning-parser or "
             "--reasoning-config",
             param="thinking_token_budget",
         )
-    return ThinkingBudget(job.thinking_token_budget, markers)
+    # Without a parser, or with a grammar that constrains the first token (and so owns the
+    # whole output), the tokens alone decide the blocks and nothing is forced into a grammar.
+    owned = grammar and not parsers.grammar_waits(prompt)
+    opened: bool | None = None
+    if parsers.reasoning_parser is not None and not owned:
+        opened = parsers.begins_in_reasoning(prompt)
+    return ThinkingBudget(job.thinking_token_budget, markers, opened)
 
 
 @dataclass(frozen=True, slots=True)

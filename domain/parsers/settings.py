@@ -49,6 +49,9 @@ class ParserSettings:
     reasoning: ReasoningStrings = ReasoningStrings()
     # Whether `--reasoning-config` named the strings (else they are the defaults).
     reasoning_configured: bool = False
+    # vLLM's `--structured-outputs-config` `enable_in_reasoning`: a grammar constrains the
+    # reasoning too, from the first token, instead of starting after it.
+    grammar_in_reasoning: bool = False
 
     def __post_init__(self) -> None:
         if self.reasoning_parser not in (None, *REASONING_PARSERS):
@@ -88,10 +91,39 @@ class ParserSettings:
             return None
         return self.reasoning
 
+    def grammar_waits(self, prompt: str) -> bool:
+        """Whether a grammar starts only after the reasoning an output after `prompt` begins
+        with (else it constrains the first token)."""
+        return not self.grammar_in_reasoning and self.begins_in_reasoning(prompt)
+
+    def begins_in_reasoning(self, prompt: str) -> bool:
+        """Whether the reasoning parser reads an output after `prompt` as beginning inside a
+        block, as `domain.parsers.choice` does: `deepseek_r1` always, `qwen3` when the prompt
+        opened one; False without a parser."""
+        if self.reasoning_parser is None:
+            return False
+        return self.reasoning_parser == "deepseek_r1" or self.opens(prompt)
+
     def opens(self, prompt: str) -> bool:
         """Whether `prompt` ends inside a reasoning block: a chat template that appends the
         start string makes the output begin in reasoning."""
         return prompt.rfind(self.reasoning.start) > prompt.rfind(self.reasoning.end)
+
+
+def grammar_in_reasoning(text: str) -> bool:
+    """`--structured-outputs-config` as JSON: `{"enable_in_reasoning": true|false}`."""
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError("--structured-outputs-config must be a JSON object")
+    unknown = set(value) - {"enable_in_reasoning"}
+    if unknown:
+        raise ValueError(
+            f"--structured-outputs-config has unknown keys: {', '.join(sorted(unknown))}"
+        )
+    enabled = value.get("enable_in_reasoning", False)
+    if not isinstance(enabled, bool):
+        raise ValueError("--structured-outputs-config enable_in_reasoning must be a boolean")
+    return enabled
 
 
 NO_PARSERS = ParserSettings()

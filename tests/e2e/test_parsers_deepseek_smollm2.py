@@ -2,9 +2,6 @@
 `--reasoning-parser deepseek_r1 --tool-call-parser hermes --enable-auto-tool-choice`: every
 answer starts in reasoning, a thinking budget closes it, and the structured output or forced
 tool call that follows parses as without a reasoning parser, the reasoning kept apart.
-
-These need grammars that start after the reasoning and budgets that combine with them (issue
-19, branch `reasoning`); until that lands a budget with a grammar is a 400.
 """
 
 from __future__ import annotations
@@ -17,14 +14,7 @@ import pytest
 from tests.e2e.conftest import RunningServer, running_server
 from tests.e2e.test_parsers_smollm2 import MESSAGES, MODEL, Booking, booking_tool
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.slow,
-    pytest.mark.xfail(
-        reason="needs grammars that start after the reasoning (issue 19, branch `reasoning`)",
-        strict=True,
-    ),
-]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 PARSERS = (
     *("--reasoning-parser", "deepseek_r1"),

@@ -50,6 +50,8 @@ def parsing_server(
 ) -> Iterator[RunningServer]:
     flags = ("--tool-call-parser", "hermes", "--enable-auto-tool-choice")
     reasoning = ("--reasoning-parser", "qwen3", "--reasoning-config", REASONING_CONFIG)
+    # The steering grammar spells the reasoning too, as vLLM's `enable_in_reasoning` allows.
+    reasoning += ("--structured-outputs-config", '{"enable_in_reasoning": true}')
     workdir = tmp_path_factory.mktemp("e2e-parsing-server")
     with running_server(model_dir, workdir, *flags, *reasoning) as running:
         yield running

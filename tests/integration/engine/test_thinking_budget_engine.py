@@ -7,9 +7,13 @@ them, so every end token in an output was forced.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
+from domain.engine import Engine, EngineConfig
 from domain.engine_request import EngineRequest
+from domain.grammar import GrammarKind, GrammarSpec
 from domain.logprob_rules import LogprobAsk
 from domain.outputs import ChoiceDelta
 from domain.records import CompletionRecord
@@ -99,3 +103,45 @@ def test_forced_tokens_get_no_entries_and_preemption_changes_nothing(tiny_model_
         sampled = out[:budget] + out[budget + 2 :]
         assert [e.position.chosen.token_id for e in entries] == sampled
         assert items[-1].usage.completion_tokens == len(out) == 24
+
+
+GRAMMAR_WORDS = ["the quick brown", "fox over the dog"]
+
+
+def grammar_requests(budgets: list[int]) -> list[EngineRequest]:
+    """Choices whose output the reasoning parser reads as beginning inside the block the
+    prompt opened: the budget's forced end closes it, then the choice grammar takes over."""
+    spec = GrammarSpec(GrammarKind.CHOICE, json.dumps(GRAMMAR_WORDS))
+    params = dataclasses.replace(PARAMS, max_tokens=40)
+    return [
+        EngineRequest(
+            f"g{index}",
+            (7 + index, 50, 60, 70, 50, 60, 70, START),
+            params,
+            grammar=spec,
+            thinking=ThinkingBudget(budget, MARKERS, opened=True),
+        )
+        for index, budget in enumerate(budgets)
+    ]
+
+
+def test_the_grammar_starts_after_the_forced_end_on_the_torch_executor(tiny_model_dir: Path):
+    budgets = [0, 3, 9]
+    plain, tokenizer, _ = build_engine(tiny_model_dir)
+    speculating, _, plans = build_engine(tiny_model_dir, speculative=NGRAM)
+
+    expected = drain(plain, grammar_requests(budgets))
+    found = drain(speculating, grammar_requests(budgets))
+    # Another engine over the same executor: its slots and epochs meet the stale matchers.
+    again = Engine(plain._executor, tokenizer, EngineConfig(), grammars=plain._grammars)  # noqa: SLF001
+    repeated = drain(again, grammar_requests(budgets))
+
+    for index, budget in enumerate(budgets):
+        out = tokens(expected[f"g{index}"])
+        assert out == tokens(found[f"g{index}"]) == tokens(repeated[f"g{index}"])
+        assert out[budget : budget + 2] == list(END)
+        answer = tokenizer.decode(out[budget + 2 :], skip_special_tokens=True)
+        assert answer in GRAMMAR_WORDS, out
+    lanes = [work for plan in plans for work in plan.works if work.sample]
+    assert all(not work.drafts for work in lanes if work.grammar is None)
+    assert any(work.grammar is not None and work.grammar_start for work in lanes)

@@ -231,14 +231,8 @@ def test_a_forced_call_cut_short_stays_content_in_a_whole_chat_answer(parsing, p
 
 
 # deepseek_r1 answers start in reasoning, so a forced call can only follow the block's end:
-# logit_bias makes the model write `</think>` after a few tokens. These need grammars that start
-# after the reasoning (the `reasoning` branch of issue 19): until then the grammar forces JSON
-# from the first token, which deepseek_r1 reads as reasoning. Strict, so the merge must drop it.
+# logit_bias makes the model write `</think>` after a few tokens, and the grammar starts after it.
 END_BIAS = 5
-AFTER_REASONING = pytest.mark.xfail(
-    reason="needs grammars that start after the reasoning (issue 19, branch `reasoning`)",
-    strict=True,
-)
 
 
 @pytest.fixture(scope="module")
@@ -247,7 +241,6 @@ def end_bias(marker_served) -> dict[str, int]:
     return {str(end): END_BIAS}
 
 
-@AFTER_REASONING
 @pytest.mark.parametrize("choice", sorted(CHOICES))
 def test_a_forced_call_after_deepseek_reasoning_is_a_call_and_the_reasoning_stays(
     deepseek, end_bias, choice
@@ -272,7 +265,6 @@ def test_a_forced_call_after_deepseek_reasoning_is_a_call_and_the_reasoning_stay
     assert (joined["content"], joined["entries"], joined["finish"]) == ("", [], "tool_calls")
 
 
-@AFTER_REASONING
 @pytest.mark.parametrize("choice", sorted(CHOICES))
 def test_a_forced_call_after_deepseek_reasoning_is_a_function_call_item_in_responses(
     deepseek, end_bias, choice

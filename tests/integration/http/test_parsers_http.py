@@ -39,6 +39,8 @@ def marker_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedMo
 
 
 def app_with(served: ServedModel, **settings: object):
+    # The steering grammar spells the reasoning too, as vLLM's `enable_in_reasoning` allows.
+    settings.setdefault("grammar_in_reasoning", True)
     parsers = ParserSettings(**settings)  # type: ignore[arg-type]
     return create_app(ModelHolder(served=dataclasses.replace(served, parsers=parsers)))
 

@@ -44,7 +44,10 @@ def plain(marker_served):
 
 @pytest.fixture(scope="module")
 def parsing(marker_served):
-    parsers = ParserSettings("deepseek_r1", "hermes", auto_tool_choice=True)
+    # The steering grammar spells the reasoning too, as vLLM's `enable_in_reasoning` allows.
+    parsers = ParserSettings(
+        "deepseek_r1", "hermes", auto_tool_choice=True, grammar_in_reasoning=True
+    )
     return create_app(ModelHolder(served=dataclasses.replace(marker_served, parsers=parsers)))
 
 
@@ -173,7 +176,7 @@ def test_a_follow_up_sends_the_calls_back_through_the_template(parsing, marker_s
 
 @pytest.fixture(scope="module")
 def qwen(marker_served):
-    parsers = ParserSettings("qwen3")
+    parsers = ParserSettings("qwen3", grammar_in_reasoning=True)
     return create_app(ModelHolder(served=dataclasses.replace(marker_served, parsers=parsers)))
 
 

@@ -279,20 +279,6 @@ def test_a_reasoning_config_alone_enables_the_budget(thinking_served, markers, n
     assert "</think>" in choice["text"]
 
 
-def test_a_budget_with_structured_outputs_is_a_400(app):
-    result = testing.TestClient(app).simulate_post(
-        "/v1/chat/completions",
-        json={
-            "messages": MESSAGES,
-            "thinking_token_budget": 4,
-            "structured_outputs": {"choice": ["yes", "no"]},
-        },
-    )
-
-    assert result.status_code == 400
-    assert result.json["error"]["param"] == "thinking_token_budget"
-
-
 def test_the_serve_flags_decide_where_the_budget_strings_come_from():
     config = '{"reasoning_start_str": "[[", "reasoning_end_str": "]]"}'
 

@@ -14,7 +14,6 @@ import pytest
 from domain.engine import Engine, EngineConfig
 from domain.engine_request import EngineRequest
 from domain.errors import InvalidRequestError
-from domain.grammar import GrammarKind, GrammarSpec
 from domain.logprob_rules import LogprobAsk
 from domain.outputs import ChoiceDelta
 from domain.records import Role
@@ -289,16 +288,36 @@ def test_speculative_records_are_used_and_forced_records_are_marked():
     assert any(r.role is Role.SPECULATIVE and r.drafts_accepted for r in records)
 
 
-def test_a_budget_cannot_be_combined_with_a_grammar():
-    with pytest.raises(InvalidRequestError) as raised:
-        EngineRequest(
-            "r",
-            PROMPT,
-            SamplingParams(max_tokens=4),
-            grammar=GrammarSpec(GrammarKind.REGEX, "ab"),
-            thinking=ThinkingBudget(3, MARKERS),
-        )
-    assert raised.value.param == "thinking_token_budget"
+def half_closer(context: Sequence[int], vocab_size: int) -> int:
+    """Begins the end string (its first token only) two tokens after a block opened."""
+    opened = max((i for i, t in enumerate(context) if t == START[0]), default=None)
+    if opened is not None and len(context) - opened - 1 == 2:
+        return END[0]
+    return thinker(context, vocab_size)
+
+
+def test_a_budget_reached_inside_a_begun_end_forces_only_the_rest_of_it():
+    tracker = ThinkingBudget(3, MARKERS).tracker(PROMPT)
+
+    tracker.observe((7, 8, END[0]))
+
+    # The model's own first end token counted as the third; forcing goes on from it.
+    assert tracker.forced_next == END[1]
+    tracker.observe((END[1],))
+    assert tracker.forced_next is None
+    assert not tracker.in_reasoning
+
+
+def test_the_end_string_appears_once_when_the_model_began_it_at_the_budget():
+    engine, executor = make_engine(half_closer)
+
+    out = tokens_of(drain(engine, [budget_request("r", PROMPT, 3, max_tokens=8)])["r"])
+
+    thought = greedy(half_closer, list(PROMPT), 3)
+    assert thought[2] == END[0]
+    assert out[:4] == [*thought, END[1]]
+    # Only the second end token was forced, right after the model's first.
+    assert [position for _, position in executor.forced_positions] == [len(PROMPT) + 3]
 
 
 def test_a_budget_outside_its_range_names_the_field():
