@@ -37,15 +37,15 @@ def run_tiles(tiles: int) -> int:
 
 
 class VocabParallelPromptScorer:
-    """`PromptScorer` for a vocabulary sharded across ranks (`collectives`), word for word equal.
+    """`PromptScorer` for a vocabulary sharded across ranks (`collectives`), as one rank scores.
 
     Each rank projects at most PROJECTION_ROWS hidden rows at a time into its own shard lanes
     (`shard_range`, the generation split) and keeps one pooled [PROJECTION_ROWS, shard width]
     block. Per row block, exchange 1 carries the shard's tile statistics and the target's raw
-    logit, from which every rank rebuilds the single-rank normalizer bit for bit; exchange 2
-    carries the shard's strictly-greater count and best twenty pairs, which every rank merges
-    into the complete packed rows. Each exchange is one all-gather of EXCHANGE_WORDS int32 words
-    per row per rank; logits never travel.
+    logit, from which every rank rebuilds the same normalizer; exchange 2 carries the shard's
+    strictly-greater count and best twenty pairs, which every rank merges into the complete
+    packed rows. Each exchange is one all-gather of EXCHANGE_WORDS int32 words per row per
+    rank; logits never travel.
 
     Exchange 1 carries at most EXCHANGED_PAIRS statistics per rank. Shards of up to that many
     tiles send one pair per tile, and the rows equal the single-rank scorer's word for word;
@@ -63,6 +63,8 @@ class VocabParallelPromptScorer:
     ) -> None:
         self.shard = VocabShard.of(vocab_size, rank, world_size)
         self._runs = tuple(run_tiles(tiles) for tiles in self.shard.tiles)
+        # Pairs each rank sends in exchange 1 (none from an empty shard).
+        self._pairs = tuple(-(-t // r) for t, r in zip(self.shard.tiles, self._runs, strict=True))
         self.collectives = collectives or Collectives()
         self._stops = torch.tensor(self.shard.stops, dtype=torch.int64)
         self._block: torch.Tensor | None = None
@@ -156,9 +158,7 @@ class VocabParallelPromptScorer:
         """The FP32 log normalizer from every rank's pairs, in global tile order (= rank order)."""
         pairs = [
             gathered[peer, :, : 2 * sent].reshape(gathered.shape[1], sent, 2)
-            for peer, sent in enumerate(
-                -(-tiles // run) for tiles, run in zip(self.shard.tiles, self._runs, strict=True)
-            )
+            for peer, sent in enumerate(self._pairs)
         ]
         statistics = torch.cat(pairs, dim=1).contiguous().view(torch.float32)
         return combine_tiles(statistics[:, :, 0], statistics[:, :, 1])
