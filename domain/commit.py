@@ -54,9 +54,21 @@ def emitted_prefix(
     return tuple(emitted), Finish.NONE
 
 
-def commit_round(work: SlotWork, sampled: Sequence[int]) -> tuple[tuple[int, ...], Finish]:
-    """What every executor's commit writes for a sampling lane: `emitted_prefix` of its round."""
-    return emitted_prefix(sampled, work.stop_token_ids, work.remaining)
+def commit_round(
+    work: SlotWork, sampled: Sequence[int], accepted: int = 0
+) -> tuple[tuple[int, ...], Finish, int]:
+    """What every executor's commit writes for a sampling lane: `emitted_prefix` of its round,
+    its finish, and the record's accepted drafts.
+
+    `sampled` is the round's `accepted` drafts that stood, then the target's own token (the
+    correction or the bonus). A stop token or the length limit inside that run clips drafts
+    too, and only the drafts the round emits count as accepted: metrics never count more
+    accepted drafts than tokens emitted.
+    """
+    if not 0 <= accepted < max(len(sampled), 1):
+        raise ValueError(f"{accepted} accepted drafts in a round of {len(sampled)} tokens")
+    emitted, finish = emitted_prefix(sampled, work.stop_token_ids, work.remaining)
+    return emitted, finish, min(accepted, len(emitted))
 
 
 def forced_round(work: SlotWork) -> tuple[tuple[int, ...], Finish, int]:

@@ -17,9 +17,10 @@ class ModelExecutor(Protocol):
       tokens has role PROMPT and emits nothing.
     - A speculative lane (`SlotWork.speculative`) verifies its drafts (history drafts fed after
       its last token, or `propose` drafts from the executor's draft model): its record has role
-      SPECULATIVE, `drafts offered` and `drafts accepted`, and emits what `commit_round`
-      returns for the accepted drafts plus the target's own next token, from
-      `first_emitted_position`. Greedy lanes keep drafts equal to the target's choice.
+      SPECULATIVE, `drafts offered`, and emits what `commit_round` returns for the accepted
+      drafts plus the target's own next token, from `first_emitted_position`, with the
+      accepted drafts it returns (those emitted: a stop or the length limit clips them).
+      Greedy lanes keep drafts equal to the target's choice.
     - `read(f)` returns that frame's records and, for requesting lanes only, their decoded
       logprob positions (one per emitted token, from the raw target row that chose it); the
       frame is free for reuse after it returns.

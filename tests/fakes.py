@@ -155,7 +155,7 @@ class FakeExecutor:
             elif work.speculative:
                 records.append(self._verify(work, context))
             else:
-                emitted, finish = commit_round(work, (self._sample(work, context),))
+                emitted, finish, _ = commit_round(work, (self._sample(work, context),))
                 self._advance(work, emitted)
                 records.append(
                     CompletionRecord(
@@ -314,7 +314,7 @@ class FakeExecutor:
             matcher.rollback(accepted)
         # Rejected drafts were fed, but a real cache's positions for them hold nothing valid.
         del context[cached + accepted :]
-        emitted, finish = commit_round(work, sampled)
+        emitted, finish, accepted = commit_round(work, sampled, accepted)
         self._advance(work, emitted)
         return CompletionRecord(
             work.slot,

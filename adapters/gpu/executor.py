@@ -296,7 +296,7 @@ class TorchExecutor:
                 )
                 continue
             drafts, tokens, accepted = next(rounds)
-            emitted, finish = commit_round(work, tokens)
+            emitted, finish, accepted = commit_round(work, tokens, accepted)
             self._penalties.accept(work, drafts[:accepted])
             if self._grammar is not None:
                 self._grammar.commit(work, emitted)

@@ -133,7 +133,7 @@ def test_a_sampling_lane_emits_what_the_shared_commit_rule_keeps(executor):
 
     for work, record in zip(works, records, strict=True):
         assert record.role is Role.SAMPLE
-        assert (record.tokens, record.finish) == commit_round(work, (token_id,))
+        assert (record.tokens, record.finish) == commit_round(work, (token_id,))[:2]
         assert record.first_position == work.end_position
     assert [record.finish for record in records] == [Finish.STOP_TOKEN, Finish.LENGTH, Finish.NONE]
 
@@ -239,3 +239,17 @@ def test_a_speculative_lane_keeps_drafts_that_match_and_emits_one_more(executor)
     for result, record in ((kept, full), (fixed, corrected)):
         payload = result.lane_logprobs(0)
         assert [p.chosen.token_id for p in payload] == list(record.tokens)
+
+
+def test_a_stop_token_among_accepted_drafts_counts_only_the_drafts_it_emits(executor):
+    tokens = prompt(15)
+    greedy = [run(executor, Lanes().work(0, tokens, remaining=8)).records[0].tokens[0]]
+    greedy.append(run(executor, Lanes().work(0, tokens + tuple(greedy))).records[0].tokens[0])
+    stop = frozenset({greedy[0]})
+
+    result = run(executor, Lanes().work(1, tokens, drafts=tuple(greedy), stop_token_ids=stop))
+
+    # Both drafts stand, but the first is a stop token: the second is never emitted.
+    record = result.records[0]
+    assert (record.tokens, record.finish) == ((greedy[0],), Finish.STOP_TOKEN)
+    assert (record.drafts_offered, record.drafts_accepted) == (2, 1)

@@ -218,3 +218,27 @@ def syllable_corpus(lines: int = 3000, seed: int = 7) -> list[str]:
         made = ["".join(chooser.choices(syllables, k=chooser.randint(1, 4))) for _ in range(10)]
         text.append(" ".join(made + chooser.choices(words, k=3)))
     return text
+
+
+def build_listed_byte_level(directory: Path, *, vocab_size: int) -> None:
+    """A byte-level BPE of exactly `vocab_size` IDs without merges: the special tokens, the 256
+    byte pieces, then made-up pieces `w0`, `w1`, ... For models with real-size vocabularies
+    (Qwen2.5's 151,936) whose tests give prompts as IDs; text encodes byte by byte."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {token: token_id for token_id, token in enumerate(SPECIAL_TOKENS)}
+    for piece in alphabet:
+        vocab[piece] = len(vocab)
+    if vocab_size < len(vocab):
+        raise ValueError(f"a byte-level tokenizer needs vocab_size >= {len(vocab)}")
+    for made_up in range(vocab_size - len(vocab)):
+        vocab[f"w{made_up}"] = len(vocab)
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
+    )
+    _write_model_dir(directory, tokenizer, add_bos_token=False)
+    _check_vocab_size(directory, vocab_size)

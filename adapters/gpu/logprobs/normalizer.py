@@ -114,17 +114,46 @@ def _tile_statistics(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return peaks, mass[:, :, 0]
 
 
-def combine_tiles(peaks: torch.Tensor, masses: torch.Tensor) -> torch.Tensor:
-    """The FP32 log normalizer [n] from tile statistics [n, tiles >= 1] in global tile order."""
-    shifts = _finite_or_zero(peaks)
-    shift = _finite_or_zero(peaks.amax(dim=1))
-    rescaled = masses * fp32_exp(shifts - shift[:, None])
+def _rescaled_total(peaks: torch.Tensor, masses: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """The masses of tile statistics [..., tiles] moved from each tile's shift to `shift` [...]
+    and summed in tile order, one rounding per tile."""
+    rescaled = masses * fp32_exp(_finite_or_zero(peaks) - shift[..., None])
     # An all -inf tile holds no mass; its factor may overflow, so it is dropped, not scaled.
     rescaled = torch.where(peaks == -math.inf, torch.zeros_like(rescaled), rescaled)
     total = torch.zeros_like(shift)
-    for tile in range(peaks.shape[1]):  # in tile order, one rounding per tile
-        total = total + rescaled[:, tile]
-    return shift + fp32_log(total)
+    for tile in range(peaks.shape[-1]):
+        total = total + rescaled[..., tile]
+    return total
+
+
+def combine_tiles(peaks: torch.Tensor, masses: torch.Tensor) -> torch.Tensor:
+    """The FP32 log normalizer [n] from tile statistics [n, tiles >= 1] in global tile order."""
+    shift = _finite_or_zero(peaks.amax(dim=1))
+    return shift + fp32_log(_rescaled_total(peaks, masses, shift))
+
+
+def group_tiles(
+    peaks: torch.Tensor, masses: torch.Tensor, size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tile statistics [n, tiles] with each run of `size` tiles (the last run may be shorter)
+    made one (maximum, mass) pair, a tile statistic of the run's lanes: the run's maximum, and
+    its tiles' masses rescaled to it and summed in order, as `combine_tiles` sums them.
+
+    Size 1 returns the statistics themselves. A larger size rounds differently from combining
+    the tiles one by one, so a normalizer of grouped statistics may differ in its last bits.
+    """
+    if size < 1:
+        raise ValueError(f"a run of tiles has at least one tile, got {size}")
+    count, tiles = peaks.shape
+    if size == 1 or not tiles:
+        return peaks, masses
+    runs = -(-tiles // size)
+    missing = runs * size - tiles
+    # Padding tiles are all -inf: they raise no maximum and add no mass.
+    peaks = torch.nn.functional.pad(peaks, (0, missing), value=-math.inf).view(count, runs, size)
+    masses = torch.nn.functional.pad(masses, (0, missing), value=0.0).view(count, runs, size)
+    top = peaks.amax(dim=2)
+    return top, _rescaled_total(peaks, masses, _finite_or_zero(top))
 
 
 def log_normalizer(rows: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -40,6 +41,13 @@ _LOG2E, _SQRT_HALF = tl.constexpr(LOG2E), tl.constexpr(SQRT_HALF)
 _LN2_HIGH, _LN2_LOW = tl.constexpr(LN2_HIGH), tl.constexpr(LN2_LOW)
 _E0, _E1, _E2, _E3, _E4, _E5 = (tl.constexpr(c) for c in EXP_COEFFICIENTS)
 _L0, _L1, _L2, _L3, _L4, _L5, _L6, _L7, _L8 = (tl.constexpr(c) for c in LOG_COEFFICIENTS)
+
+
+def launch_device(tensor: torch.Tensor) -> contextlib.AbstractContextManager[object]:
+    """Makes `tensor`'s CUDA device current for the launches inside: Triton launches on the
+    current device and its stream whatever device the pointers are on, so a rank whose tensors
+    live on cuda:1 would otherwise run on cuda:0. The interpreter's CPU tensors need nothing."""
+    return torch.cuda.device(tensor.device) if tensor.is_cuda else contextlib.nullcontext()
 
 
 def fusion_options() -> dict:
@@ -293,22 +301,23 @@ class TritonLogprobReducer:
         token_ids = token_ids if has_ids else requested
         common = fusion_options()
         row_stride, vocab, tiles = logits.stride(0), self.vocab_size, self.tiles
-        tile_stats_kernel[(rows, tiles)](
-            logits, row_stride, slots, requested, stats, vocab, tiles,
-            TILE=LSE_TILE, LOG2_TILE=TILE_TREE_LEVELS, **common,
-        )  # fmt: skip
-        _normalize_kernel[(rows,)](
-            slots, requested, stats, lse, tiles,
-            TILES_BLOCK=triton.next_power_of_2(tiles), **common,
-        )  # fmt: skip
-        _tile_candidates_kernel[(rows, tiles)](
-            logits, row_stride, slots, requested, counts, lse, keys, vocab, tiles,
-            HAS_IDS=has_ids, TILE=LSE_TILE, CANDIDATES=CANDIDATES_PER_TILE, **common,
-        )  # fmt: skip
-        _merge_kernel[(rows,)](
-            logits, row_stride, slots, positions, chosen, requested, counts, token_ids, lse,
-            keys, out, out.shape[1], out.shape[2], vocab, tiles,
-            HAS_IDS=has_ids, TOP_K=self.top_k,
-            CANDIDATES_BLOCK=triton.next_power_of_2(tiles * CANDIDATES_PER_TILE),
-            CANDIDATES=CANDIDATES_PER_TILE, SELECTED=MAX_SELECTED_IDS, **common,
-        )  # fmt: skip
+        with launch_device(logits):
+            tile_stats_kernel[(rows, tiles)](
+                logits, row_stride, slots, requested, stats, vocab, tiles,
+                TILE=LSE_TILE, LOG2_TILE=TILE_TREE_LEVELS, **common,
+            )  # fmt: skip
+            _normalize_kernel[(rows,)](
+                slots, requested, stats, lse, tiles,
+                TILES_BLOCK=triton.next_power_of_2(tiles), **common,
+            )  # fmt: skip
+            _tile_candidates_kernel[(rows, tiles)](
+                logits, row_stride, slots, requested, counts, lse, keys, vocab, tiles,
+                HAS_IDS=has_ids, TILE=LSE_TILE, CANDIDATES=CANDIDATES_PER_TILE, **common,
+            )  # fmt: skip
+            _merge_kernel[(rows,)](
+                logits, row_stride, slots, positions, chosen, requested, counts, token_ids, lse,
+                keys, out, out.shape[1], out.shape[2], vocab, tiles,
+                HAS_IDS=has_ids, TOP_K=self.top_k,
+                CANDIDATES_BLOCK=triton.next_power_of_2(tiles * CANDIDATES_PER_TILE),
+                CANDIDATES=CANDIDATES_PER_TILE, SELECTED=MAX_SELECTED_IDS, **common,
+            )  # fmt: skip

@@ -16,6 +16,7 @@ import adapters
 from adapters.gpu.factory import ExecutorRecipe
 from adapters.gpu.parallel.collectives import ExchangeTally
 from adapters.gpu.parallel.coordinator import CoordinatorExecutor
+from adapters.gpu.parallel.devices import CudaRuntime, claim_device
 from adapters.gpu.parallel.group import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,
     RankGroup,
@@ -27,12 +28,6 @@ from adapters.grammar.llguidance_compiler import LlguidanceCompiler
 _log = logging.getLogger(__name__)
 
 
-def _device(kind: str, local_rank: int) -> torch.device:
-    if kind == "cuda" or (kind == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
-
-
 def _share_cores(local_ranks: int, device: torch.device) -> None:
     # Ranks on one machine's CPUs would fight over every core; each takes its share.
     if device.type == "cpu":
@@ -40,12 +35,15 @@ def _share_cores(local_ranks: int, device: torch.device) -> None:
 
 
 def run_peer(
-    rendezvous: Rendezvous, device_kind: str = "auto", local_ranks: int = 1
+    rendezvous: Rendezvous,
+    device_kind: str = "auto",
+    local_ranks: int = 1,
+    cuda: CudaRuntime = torch.cuda,
 ) -> ExchangeTally:
-    """A peer's whole life: join, receive rank 0's recipe, build this rank's executor, then run
-    every plan rank 0 sends until it sends None; returns what this rank exchanged. Raises
-    ParallelFailure when the group breaks."""
-    device = _device(device_kind, rendezvous.local_rank)
+    """A peer's whole life: claim its device (`claim_device`), join, receive rank 0's recipe,
+    build this rank's executor, then run every plan rank 0 sends until it sends None; returns
+    what this rank exchanged. Raises ParallelFailure when the group breaks."""
+    device = claim_device(device_kind, rendezvous.local_rank, cuda)
     _share_cores(local_ranks, device)
     group = RankGroup(rendezvous, device)
     try:
@@ -150,7 +148,7 @@ def start_world(
     local = world_size if launch.local_ranks is None else launch.local_ranks
     if not 1 <= local <= world_size:
         raise ValueError(f"local ranks must be in 1..{world_size}, got {local}")
-    device = _device(recipe.settings.device, 0)
+    device = claim_device(recipe.settings.device, 0)
     peers = [
         _spawn_peer(rendezvous.for_rank(rank, rank), recipe.settings.device, local)
         for rank in range(1, local)

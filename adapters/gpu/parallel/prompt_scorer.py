@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 
 from adapters.gpu.logprobs.keys import NAN_BITS, NO_KEY, key_token_ids, order_keys, top_sort_keys
-from adapters.gpu.logprobs.normalizer import combine_tiles, tile_statistics
+from adapters.gpu.logprobs.normalizer import combine_tiles, group_tiles, tile_statistics
 from adapters.gpu.parallel.collectives import Collectives
 from adapters.gpu.parallel.shards import VocabShard
 from adapters.gpu.scoring.prompt_scorer import (
@@ -19,10 +19,11 @@ from domain.logprobs import NATURAL_TOP_K, NO_TOKEN
 
 EXCHANGE_WORDS = 64
 
-# Exchange 1 words of a row: one (FP32 maximum, exponential mass) pair per shard tile in tile
-# order, then the raw logit of the row's target where this rank owns it; the last word stays
-# reserved (zero). That bounds a shard at 31 tiles.
-MAX_SHARD_TILES = (EXCHANGE_WORDS - 2) // 2
+# Exchange 1 words of a row: up to 31 (FP32 maximum, exponential mass) pairs of the shard's
+# tiles in tile order, then the raw logit of the row's target where this rank owns it; the last
+# word stays reserved (zero). A shard of more than 31 tiles sends runs of tiles as one pair each
+# (`run_tiles`).
+EXCHANGED_PAIRS = (EXCHANGE_WORDS - 2) // 2
 _TARGET_WORD = EXCHANGE_WORDS - 2
 # Exchange 2 words of a row: how many shard values are strictly greater than the target's, then
 # the shard's best twenty (ID, reported FP32 bits) pairs by sort key; the rest stays zero.
@@ -30,17 +31,27 @@ _COUNT_WORD = 0
 _PAIR_WORDS = slice(1, 1 + 2 * NATURAL_TOP_K)
 
 
+def run_tiles(tiles: int) -> int:
+    """How many of a shard's `tiles` exchange 1 sends as one pair: 1 while they fit."""
+    return max(1, -(-tiles // EXCHANGED_PAIRS))
+
+
 class VocabParallelPromptScorer:
-    """`PromptScorer` for a vocabulary sharded across ranks (`collectives`), word for word equal.
+    """`PromptScorer` for a vocabulary sharded across ranks (`collectives`), as one rank scores.
 
     Each rank projects at most PROJECTION_ROWS hidden rows at a time into its own shard lanes
     (`shard_range`, the generation split) and keeps one pooled [PROJECTION_ROWS, shard width]
     block. Per row block, exchange 1 carries the shard's tile statistics and the target's raw
-    logit, from which every rank rebuilds the single-rank normalizer bit for bit; exchange 2
-    carries the shard's strictly-greater count and best twenty pairs, which every rank merges
-    into the complete packed rows. Each exchange is one all-gather of EXCHANGE_WORDS int32 words
-    per row per rank; logits never travel. Shards hold at most MAX_SHARD_TILES tiles, checked on
-    construction.
+    logit, from which every rank rebuilds the same normalizer; exchange 2 carries the shard's
+    strictly-greater count and best twenty pairs, which every rank merges into the complete
+    packed rows. Each exchange is one all-gather of EXCHANGE_WORDS int32 words per row per
+    rank; logits never travel.
+
+    Exchange 1 carries at most EXCHANGED_PAIRS statistics per rank. Shards of up to that many
+    tiles send one pair per tile, and the rows equal the single-rank scorer's word for word;
+    wider shards (a 128k-152k vocabulary over two ranks) send each run of `run_tiles` tiles as
+    one pair (`group_tiles`), so the normalizer may differ from the single-rank one in its last
+    bits, the same on every rank.
     """
 
     def __init__(
@@ -50,9 +61,10 @@ class VocabParallelPromptScorer:
         world_size: int,
         collectives: Collectives | None = None,
     ) -> None:
-        self.shard = VocabShard.of(
-            vocab_size, rank, world_size, MAX_SHARD_TILES, "prompt-scoring exchange 1"
-        )
+        self.shard = VocabShard.of(vocab_size, rank, world_size)
+        self._runs = tuple(run_tiles(tiles) for tiles in self.shard.tiles)
+        # Pairs each rank sends in exchange 1 (none from an empty shard).
+        self._pairs = tuple(-(-t // r) for t, r in zip(self.shard.tiles, self._runs, strict=True))
         self.collectives = collectives or Collectives()
         self._stops = torch.tensor(self.shard.stops, dtype=torch.int64)
         self._block: torch.Tensor | None = None
@@ -122,14 +134,15 @@ class VocabParallelPromptScorer:
     def _statistics(
         self, raw: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor
     ) -> torch.Tensor:
-        """Exchange 1 payload: shard tile (max, mass) pairs and the owned target's raw logit.
+        """Exchange 1 payload: the shard's (max, mass) pairs and the owned target's raw logit.
 
         The shard starts on a tile boundary, so its tiles are the single-rank normalizer's own,
-        bit for bit; an empty shard sends no pair. Ranks not owning the target send NaN there.
+        bit for bit, and a run of them is a pair of the same recipe; an empty shard sends no
+        pair. Ranks not owning the target send NaN there.
         """
         words = self._words(raw.shape[0], raw.device)
         if raw.shape[1]:
-            peaks, masses = tile_statistics(raw)
+            peaks, masses = group_tiles(*tile_statistics(raw), self._runs[self.shard.rank])
             pairs = torch.stack([peaks, masses], dim=2).flatten(1).view(torch.int32)
             words[:, : pairs.shape[1]] = pairs
         owns = valid & (targets >= self.shard.start) & (targets < self.shard.stop)
@@ -142,10 +155,10 @@ class VocabParallelPromptScorer:
         return words
 
     def _normalizer(self, gathered: torch.Tensor) -> torch.Tensor:
-        """The FP32 log normalizer from every rank's tiles, in global tile order (= rank order)."""
+        """The FP32 log normalizer from every rank's pairs, in global tile order (= rank order)."""
         pairs = [
-            gathered[peer, :, : 2 * tiles].reshape(gathered.shape[1], tiles, 2)
-            for peer, tiles in enumerate(self.shard.tiles)
+            gathered[peer, :, : 2 * sent].reshape(gathered.shape[1], sent, 2)
+            for peer, sent in enumerate(self._pairs)
         ]
         statistics = torch.cat(pairs, dim=1).contiguous().view(torch.float32)
         return combine_tiles(statistics[:, :, 0], statistics[:, :, 1])

@@ -47,14 +47,19 @@ class VocabShard:
 
     @classmethod
     def of(
-        cls, vocab_size: int, rank: int, world_size: int, max_tiles: int, exchange: str
+        cls,
+        vocab_size: int,
+        rank: int,
+        world_size: int,
+        max_tiles: int | None = None,
+        exchange: str = "",
     ) -> VocabShard:
         """Refuses splits whose widest shard (rank 0's) has more than `max_tiles` tiles, the
-        most that `exchange` carries."""
+        most that `exchange` carries (None: any number)."""
         start, stop = shard_range(vocab_size, world_size, rank)
         ranges = [shard_range(vocab_size, world_size, peer) for peer in range(world_size)]
         tiles = tuple(-(-(last - first) // LSE_TILE) for first, last in ranges)
-        if tiles[0] > max_tiles:
+        if max_tiles is not None and tiles[0] > max_tiles:
             raise ValueError(
                 f"a vocabulary of {vocab_size} over {world_size} ranks puts {tiles[0]} tiles of "
                 f"{LSE_TILE} lanes on a shard; {exchange} carries at most {max_tiles} "

@@ -12,6 +12,7 @@ from adapters.gpu.logprobs.triton_reducer import (
     TILE_TREE_LEVELS,
     fusion_options,
     gate_row,
+    launch_device,
     tile_stats_kernel,
     tl_finite_or_zero,
     tl_fp32_exp,
@@ -235,14 +236,15 @@ def statistics(
     """
     rows, stats_tiles = logits.shape[0], stats.shape[1]
     common = fusion_options()
-    tile_stats_kernel[(rows, stats_tiles)](
-        logits, logits.stride(0), slots, requested, stats, width, stats_tiles,
-        TILE=LSE_TILE, LOG2_TILE=TILE_TREE_LEVELS, **common,
-    )  # fmt: skip
-    _pack_statistics_kernel[(rows,)](
-        slots, requested, stats.view(torch.int32), send, -(-width // LSE_TILE), stats_tiles,
-        WORDS=EXCHANGE_WORDS, **common,
-    )  # fmt: skip
+    with launch_device(logits):
+        tile_stats_kernel[(rows, stats_tiles)](
+            logits, logits.stride(0), slots, requested, stats, width, stats_tiles,
+            TILE=LSE_TILE, LOG2_TILE=TILE_TREE_LEVELS, **common,
+        )  # fmt: skip
+        _pack_statistics_kernel[(rows,)](
+            slots, requested, stats.view(torch.int32), send, -(-width // LSE_TILE), stats_tiles,
+            WORDS=EXCHANGE_WORDS, **common,
+        )  # fmt: skip
 
 
 def candidates(
@@ -269,22 +271,23 @@ def candidates(
     token_ids = token_ids if has_ids else requested
     common, row_stride = fusion_options(), logits.stride(0)
     total_tiles = tile_words.shape[0]
-    _combine_kernel[(rows,)](
-        slots, requested, received.view(torch.float32), tile_words, lse, total_tiles,
-        TILES_BLOCK=triton.next_power_of_2(total_tiles), WORDS=EXCHANGE_WORDS, **common,
-    )  # fmt: skip
-    _shard_candidates_kernel[(rows, stats_tiles)](
-        logits, row_stride, slots, requested, counts, lse, keys, start, width, stats_tiles,
-        HAS_IDS=has_ids, TILE=LSE_TILE, CANDIDATES=CANDIDATES_PER_TILE, **common,
-    )  # fmt: skip
-    _pack_candidates_kernel[(rows,)](
-        logits, row_stride, slots, chosen, requested, counts, token_ids, lse, keys, send,
-        send.view(torch.int64), start, width, stats_tiles,
-        HAS_IDS=has_ids, CANDIDATES=CANDIDATES_PER_TILE,
-        CANDIDATES_BLOCK=triton.next_power_of_2(stats_tiles * CANDIDATES_PER_TILE),
-        SELECTED=MAX_SELECTED_IDS, WORDS=EXCHANGE_WORDS, VALUE_WORD=VALUE_WORDS.start,
-        CHOSEN_WORD=CHOSEN_WORD, **common,
-    )  # fmt: skip
+    with launch_device(logits):
+        _combine_kernel[(rows,)](
+            slots, requested, received.view(torch.float32), tile_words, lse, total_tiles,
+            TILES_BLOCK=triton.next_power_of_2(total_tiles), WORDS=EXCHANGE_WORDS, **common,
+        )  # fmt: skip
+        _shard_candidates_kernel[(rows, stats_tiles)](
+            logits, row_stride, slots, requested, counts, lse, keys, start, width, stats_tiles,
+            HAS_IDS=has_ids, TILE=LSE_TILE, CANDIDATES=CANDIDATES_PER_TILE, **common,
+        )  # fmt: skip
+        _pack_candidates_kernel[(rows,)](
+            logits, row_stride, slots, chosen, requested, counts, token_ids, lse, keys, send,
+            send.view(torch.int64), start, width, stats_tiles,
+            HAS_IDS=has_ids, CANDIDATES=CANDIDATES_PER_TILE,
+            CANDIDATES_BLOCK=triton.next_power_of_2(stats_tiles * CANDIDATES_PER_TILE),
+            SELECTED=MAX_SELECTED_IDS, WORDS=EXCHANGE_WORDS, VALUE_WORD=VALUE_WORDS.start,
+            CHOSEN_WORD=CHOSEN_WORD, **common,
+        )  # fmt: skip
 
 
 def merge(
@@ -311,13 +314,14 @@ def merge(
     has_ids = counts is not None
     counts = counts if has_ids else requested  # never read without HAS_IDS
     token_ids = token_ids if has_ids else requested
-    _final_merge_kernel[(rows,)](
-        received, received.view(torch.int64), received.stride(0), stops, world, slots,
-        positions, chosen, requested, counts, token_ids, lse, out, out.shape[1], out.shape[2],
-        vocab_size,
-        HAS_IDS=has_ids, TOP_K=top_k, CANDIDATES=CANDIDATES_PER_TILE,
-        CANDIDATES_BLOCK=triton.next_power_of_2(world * CANDIDATES_PER_TILE),
-        WORLD_BLOCK=triton.next_power_of_2(world), SELECTED=MAX_SELECTED_IDS,
-        WORDS=EXCHANGE_WORDS, VALUE_WORD=VALUE_WORDS.start, CHOSEN_WORD=CHOSEN_WORD,
-        **fusion_options(),
-    )  # fmt: skip
+    with launch_device(received):
+        _final_merge_kernel[(rows,)](
+            received, received.view(torch.int64), received.stride(0), stops, world, slots,
+            positions, chosen, requested, counts, token_ids, lse, out, out.shape[1], out.shape[2],
+            vocab_size,
+            HAS_IDS=has_ids, TOP_K=top_k, CANDIDATES=CANDIDATES_PER_TILE,
+            CANDIDATES_BLOCK=triton.next_power_of_2(world * CANDIDATES_PER_TILE),
+            WORLD_BLOCK=triton.next_power_of_2(world), SELECTED=MAX_SELECTED_IDS,
+            WORDS=EXCHANGE_WORDS, VALUE_WORD=VALUE_WORDS.start, CHOSEN_WORD=CHOSEN_WORD,
+            **fusion_options(),
+        )  # fmt: skip

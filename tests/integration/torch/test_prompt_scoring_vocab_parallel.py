@@ -10,11 +10,17 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from adapters.gpu.logprobs.normalizer import LSE_TILE, combine_tiles, tile_statistics
+from adapters.gpu.logprobs.normalizer import (
+    LSE_TILE,
+    combine_tiles,
+    group_tiles,
+    tile_statistics,
+)
 from adapters.gpu.parallel.prompt_scorer import (
     EXCHANGE_WORDS,
-    MAX_SHARD_TILES,
+    EXCHANGED_PAIRS,
     VocabParallelPromptScorer,
+    run_tiles,
 )
 from adapters.gpu.parallel.shards import shard_range
 from adapters.gpu.scoring.prompt_scorer import PROJECTION_ROWS, PromptScorer
@@ -165,6 +171,25 @@ SCENARIOS: dict[str, Callable[[], Scenario]] = {
 }
 
 
+# Llama 3's 128,256 and Qwen2.5's 151,936 IDs put 63 to 75 tiles on a shard of 2 or 3 ranks,
+# more pairs than exchange 1 carries: runs of tiles travel as one pair each.
+WIDE_VOCAB = 151_936
+# Grouped tiles round the normalizer differently from one tile at a time: a few FP32 ulps of
+# lse (about 12 here), never more.
+GROUPED_ROUNDING = 1e-5
+
+
+def _wide_vocabulary() -> Scenario:
+    generator = torch.Generator().manual_seed(23)
+    logits = torch.randn(5, WIDE_VOCAB, generator=generator) * 4.0
+    # Targets on both sides of the 2- and 3-rank shard boundaries and at the vocabulary's end.
+    targets = [76_799, 76_800, 51_200, 102_399, WIDE_VOCAB - 1]
+    return Scenario(WIDE_VOCAB, logits, targets)
+
+
+WIDE_SCENARIOS: dict[str, Callable[[], Scenario]] = {"wide_vocabulary": _wide_vocabulary}
+
+
 def _shard_projection(vocab: int, world: int, rank: int, seen: list[int]):
     """A `project` returning this rank's lanes, as wide as rank 0's shard, padding past it."""
     start, stop = shard_range(vocab, world, rank)
@@ -221,6 +246,7 @@ def _refusal(world: int, rank: int, told_rank: int, narrow: bool) -> str | None:
 def _worker(rank: int, world: int, directory: str) -> None:
     with gloo_rank(rank, world, directory, timeout_s=30) as results:
         record_each(results, SCENARIOS, lambda name: _run(SCENARIOS[name](), world, rank))
+        record_each(results, WIDE_SCENARIOS, lambda name: _run(WIDE_SCENARIOS[name](), world, rank))
         results["misplaced_rank"] = _refusal(world, rank, (rank + 1) % world, narrow=False)
         results["narrow_projection"] = _refusal(world, rank, rank, narrow=True)
 
@@ -346,24 +372,72 @@ def test_a_scorer_told_the_wrong_rank_or_given_a_narrow_projection_refuses(outco
         assert "project returned" in (results["narrow_projection"] or ""), (world, rank)
 
 
+def test_a_vocabulary_of_151936_ids_is_scored_on_2_and_3_ranks_like_one_rank(outcomes) -> None:
+    # Before runs of tiles were grouped, every rank refused this vocabulary at construction.
+    scenario = _wide_vocabulary()
+    expected = _single_rank(scenario)
+    produced = _produced(outcomes, "wide_vocabulary")
+    for world in WORLD_SIZES:
+        assert run_tiles(-(-shard_range(WIDE_VOCAB, world, 0)[1] // LSE_TILE)) > 1, world
+    for world, rank, got in produced:
+        rows = len(scenario.targets)
+        assert got[:rows, 0].tolist() == scenario.targets
+        assert got[:rows, 2].tolist() == expected[:rows, 2].tolist(), (world, rank)
+        assert got[:rows, 3::2].tolist() == expected[:rows, 3::2].tolist(), (world, rank)
+        values = got[:rows, 1::2].contiguous().view(torch.float32)
+        reference = expected[:rows, 1::2].contiguous().view(torch.float32)
+        assert torch.allclose(values, reference, rtol=0.0, atol=GROUPED_ROUNDING), (world, rank)
+        assert got[rows:].eq(SENTINEL).all()
+    # Every rank of a world writes the same words: the grouped normalizer is everyone's.
+    for world in WORLD_SIZES:
+        words = [got for w, _, got in produced if w == world]
+        assert all(torch.equal(words[0], other) for other in words[1:]), world
+
+
+def test_a_wide_vocabulary_still_exchanges_64_words_per_row_per_rank(outcomes) -> None:
+    rows = len(_wide_vocabulary().targets)
+    for (world, rank), results in outcomes.items():
+        call = [[rows, EXCHANGE_WORDS], "torch.int32", [world * rows, EXCHANGE_WORDS]]
+        assert results["wide_vocabulary"]["calls"] == [call, call], (world, rank)
+
+
 @pytest.mark.parametrize(
     ("vocab", "world"),
-    [(MAX_SHARD_TILES * LSE_TILE, 1), (2 * MAX_SHARD_TILES * LSE_TILE, 2), (151_936, 5)],
+    [
+        (EXCHANGED_PAIRS * LSE_TILE, 1),
+        (2 * EXCHANGED_PAIRS * LSE_TILE + 1, 2),
+        (128_256, 2),
+        (151_936, 1),
+        (151_936, 2),
+        (262_144, 2),
+    ],
 )
-def test_a_scorer_accepts_shards_of_up_to_31_tiles(vocab, world) -> None:
+def test_a_scorer_accepts_shards_of_any_number_of_tiles(vocab, world) -> None:
     for rank in range(world):
         VocabParallelPromptScorer(vocab, rank, world)
 
 
-@pytest.mark.parametrize(
-    ("vocab", "world"),
-    [(MAX_SHARD_TILES * LSE_TILE + 1, 1), (2 * MAX_SHARD_TILES * LSE_TILE + 1, 2), (151_936, 4)],
-)
-def test_every_rank_refuses_a_shard_of_more_tiles_than_exchange_1_carries(vocab, world) -> None:
-    assert MAX_SHARD_TILES == 31
-    for rank in range(world):
-        with pytest.raises(ValueError, match="at most 31"):
-            VocabParallelPromptScorer(vocab, rank, world)
+@pytest.mark.parametrize("tiles", [1, 30, 31, 32, 62, 63, 75, 149, 1000])
+def test_a_shard_sends_at_most_31_pairs_and_one_per_tile_while_they_fit(tiles) -> None:
+    run = run_tiles(tiles)
+    assert -(-tiles // run) <= EXCHANGED_PAIRS == 31
+    assert (run == 1) == (tiles <= EXCHANGED_PAIRS)
+
+
+def test_runs_of_tiles_normalize_like_their_tiles_within_fp32_rounding() -> None:
+    generator = torch.Generator().manual_seed(29)
+    logits = torch.randn(4, 75 * LSE_TILE - 300, generator=generator) * 6.0
+    logits[1] = -math.inf
+    logits[2, : 10 * LSE_TILE] = -math.inf  # runs with no mass at all
+    peaks, masses = tile_statistics(logits)
+    plain = combine_tiles(peaks, masses)
+    for size in (1, 2, 3, 7, 75):
+        grouped = combine_tiles(*group_tiles(peaks, masses, size))
+        if size == 1:
+            assert torch.equal(grouped, plain)
+        assert grouped[1].item() == -math.inf
+        finite = torch.isfinite(plain)
+        assert torch.allclose(grouped[finite], plain[finite], rtol=0.0, atol=4e-6), size
 
 
 @pytest.mark.parametrize(("vocab", "world", "rank"), [(0, 2, 0), (10, 0, 0), (10, 2, 2)])

@@ -16,7 +16,7 @@ from domain.engine import Engine, EngineConfig
 from domain.engine_request import EngineRequest
 from domain.logprob_rules import LogprobAsk
 from domain.outputs import ChoiceDelta
-from domain.records import Role
+from domain.records import Finish, Role
 from domain.sampling import SamplingParams
 from domain.speculation import SpeculativeConfig, SpeculativeMethod
 from domain.step import ExecutorGeometry, FrameResult, StepPlan
@@ -261,6 +261,36 @@ def test_the_observer_counts_rounds_drafts_and_acceptances_per_position():
             per_position[position] += rounds
     expected = [sum(r.drafts_accepted > p for r in offered_rounds) for p in range(4)]
     assert per_position == expected and expected[0] > 0
+
+
+@pytest.mark.parametrize("stop", [PROMPT[5], PROMPT[6]])
+def test_drafts_that_a_stop_token_cuts_off_are_not_counted_as_accepted(stop):
+    from tests.fakes import RecordingObserver
+
+    geometry = make_engine()[1].geometry
+    executor = RecordingExecutor(geometry, model=copier)
+    observer = RecordingObserver()
+    engine = Engine(
+        executor,
+        FakeTokenizer(),
+        EngineConfig(max_num_batched_tokens=32, speculative=NGRAM),
+        observer=observer,
+    )
+
+    drain(engine, [request("stop", PROMPT, stop_token_ids=(stop,))])
+
+    # The copier's drafts all stand, so the round ends at the stop token among its drafts.
+    last = executor.speculative_records[-1]
+    assert last.finish is Finish.STOP_TOKEN and last.tokens[-1] == stop
+    assert last.drafts_offered > len(last.tokens)
+    assert last.drafts_accepted == len(last.tokens)
+    emitted = sum(len(r.tokens) for r in executor.speculative_records if r.drafts_offered)
+    assert observer.total("spec_accepted_tokens") == accepted(executor) <= emitted
+    positions = [0] * NGRAM.num_speculative_tokens
+    for step in observer.steps:
+        for position, rounds in enumerate(step.spec_accepted_per_position):
+            positions[position] += rounds
+    assert sum(positions) == accepted(executor)
 
 
 DRAFT = SpeculativeConfig(SpeculativeMethod.DRAFT_MODEL, 3, model="fake-draft")
