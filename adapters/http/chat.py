@@ -41,7 +41,7 @@ class ChatCompletionsResource:
         job = chat_request(body, served.tokenizer, auto_tool_choice=served.parsers.auto_tool_choice)
         parsers = served.parsers.config(tools=job.structure.auto_tools, prompt=job.prompts[0].text)
         header = generation.start(job, served, "chatcmpl")
-        group = generation.request_group(job, served, header, self._settings.channel_capacity)
+        group = await generation.request_group(job, served, header, self._settings.channel_capacity)
         rendering = generation.rendering(job, served)
         if job.stream:
             if parsers.parses:
