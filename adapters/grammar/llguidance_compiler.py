@@ -178,7 +178,7 @@ class LlguidanceCompiler:
         try:
             return compiling.result(timeout=max(0.0, deadline - time.monotonic()))
         except InvalidRequestError as error:
-            raise _copy(error) from None
+            raise _copy(error, spec) from None
         except FutureTimeout:
             raise self._timed_out(spec) from None
 
@@ -188,12 +188,12 @@ class LlguidanceCompiler:
         with self._lock:
             refused = self._refused.get(spec.key)
             if refused is not None:
-                return _copy(refused)
+                return _copy(refused, spec)
             refusal = self._over_budget(spec)
             began = self._began.get(spec.key)
             if began is not None and self._overran(time.monotonic() - began):
                 _remember(self._refused, spec.key, refusal, self._refused_size)
-            return _copy(refusal)
+            return _copy(refusal, spec)
 
     def _known(self, spec: GrammarSpec) -> LlguidanceGrammar | Future[LlguidanceGrammar] | None:
         """Under the lock: the cached grammar or the compile under way; raises a remembered
@@ -205,7 +205,7 @@ class LlguidanceCompiler:
         refused = self._refused.get(spec.key)
         if refused is not None:
             self._refused.move_to_end(spec.key)
-            raise _copy(refused)
+            raise _copy(refused, spec)
         return self._compiling.get(spec.key)
 
     def _start(self, spec: GrammarSpec, deadline: float) -> Future[LlguidanceGrammar]:
@@ -327,10 +327,10 @@ def _remember(table: OrderedDict, key: tuple[str, str], value: object, size: int
         table.popitem(last=False)
 
 
-def _copy(error: InvalidRequestError) -> InvalidRequestError:
-    """A fresh exception with a remembered refusal's message and param (one raised object is
-    never shared between requests' tracebacks)."""
-    return InvalidRequestError(error.message, param=error.param)
+def _copy(error: InvalidRequestError, spec: GrammarSpec) -> InvalidRequestError:
+    """A fresh exception with a remembered (or shared) refusal's message, naming the field
+    this caller's spec came from (equal specs may come from different fields)."""
+    return InvalidRequestError(error.message, param=spec.param)
 
 
 def _lower_priority() -> None:

@@ -224,3 +224,14 @@ def test_concurrent_requests_for_one_spec_share_its_compile(make_compiler):
 
     assert build.entered == ["(yes|no)"]
     assert grammars[0] is grammars[1] is grammars[2]
+
+
+def test_a_remembered_refusal_names_the_field_of_the_request_that_repeats_it(make_compiler):
+    compiler = make_compiler()
+    schema = json.dumps({"if": {}})
+
+    first, _ = refusal(compiler, GrammarSpec(GrammarKind.JSON_SCHEMA, schema, "response_format"))
+    again, _ = refusal(compiler, GrammarSpec(GrammarKind.JSON_SCHEMA, schema, "tools"))
+
+    assert (first.param, again.param) == ("response_format", "tools")
+    assert again.message == first.message
