@@ -290,10 +290,10 @@ class LlguidanceCompiler:
         matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0, limits=self._limits)
         # The first mask builds the lexer's start states, where an unworkable grammar shows;
         # feeding it a spread of the first tokens it allows shows limits broken at once.
-        error = matcher.get_error() if matcher.is_error() else _first_token_error(matcher)
-        if error is not None:
+        problem = matcher.get_error() if matcher.is_error() else _first_token_error(matcher)
+        if problem is not None:
             raise InvalidRequestError(
-                f"{what} is not supported: {_first_line(error)}", param=spec.param
+                f"{what} is not supported: {_first_line(problem)}", param=spec.param
             )
         return LlguidanceGrammar(matcher, self.vocab_size)
 
