@@ -15,6 +15,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING
 
 import llguidance
+import numpy
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from domain.errors import InvalidRequestError
@@ -307,11 +308,11 @@ def _first_token_error(matcher: llguidance.LLMatcher) -> str | None:
     mask = matcher.compute_bitmask()
     if matcher.is_error():
         return matcher.get_error()
-    allowed = [t for t in range(len(mask) * 8) if mask[t >> 3] >> (t & 7) & 1]
-    if not allowed:
-        return None
+    allowed = numpy.flatnonzero(
+        numpy.unpackbits(numpy.frombuffer(mask, numpy.uint8), bitorder="little")
+    )
     step = max(1, len(allowed) // FIRST_TOKEN_PROBES)
-    for token_id in allowed[::step][:FIRST_TOKEN_PROBES]:
+    for token_id in allowed[::step][:FIRST_TOKEN_PROBES].tolist():
         probe = matcher.deep_copy()
         if probe.consume_token(token_id) and not probe.is_error():
             probe.compute_bitmask()
