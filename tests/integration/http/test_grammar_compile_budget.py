@@ -13,8 +13,8 @@ from falcon import testing
 from tests.support.asgi_stream import chunk_times
 
 STREAM = {"prompt": "the quick brown", "max_tokens": 100, "temperature": 0, "stream": True}
-# A forced literal of 245,000 characters: seconds of llguidance work before the first mask.
-SLOW_REGEX = "(ab){350}{350}"
+# A forced literal of 320,000 characters: seconds of llguidance work before the first mask.
+SLOW_REGEX = "(ab){400}{400}"
 THOUSANDS_OF_ALTERNATIVES = "start: " + " | ".join(f'"w{i}"' for i in range(3000))
 SELF_NESTING = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
 
