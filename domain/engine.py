@@ -131,7 +131,10 @@ class Engine:
         return self.logprob_limits.top_k
 
     def check(self, request: EngineRequest) -> CheckedRequest:
-        """Raises InvalidRequestError for a request this engine cannot take; admits nothing."""
+        """Raises InvalidRequestError for a request this engine cannot take; admits nothing.
+
+        A grammar is compiled here, which blocks for up to the compiler's budget: callers on
+        an event loop run this on a thread."""
         request.check_limits(self.vocab_size, self.max_model_len)
         check_logprob_ask(request.logprobs, self.logprob_limits)
         if request.grammar is not None:

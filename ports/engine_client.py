@@ -13,7 +13,9 @@ class EngineClient(Protocol):
 
     Invariants an implementation keeps:
     - `check` raises `InvalidRequestError` for a request the engine would refuse, admitting
-      nothing, and otherwise returns it as a `CheckedRequest`.
+      nothing, and otherwise returns it as a `CheckedRequest`. A request with a grammar may
+      block for up to the grammar compile budget, so an event-loop caller checks those on a
+      thread.
     - `submit_all` queues requests that this client checked (never checking them again), all of
       them or, when its admission queue is full, none; it returns at once. Every queued
       request ends with exactly one `RequestEnd` on its channel, also when it is aborted or

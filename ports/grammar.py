@@ -40,9 +40,13 @@ class GrammarCompiler(Protocol):
 
     Invariants an implementation keeps:
     - `compile` raises `InvalidRequestError` with `param = spec.param` for a spec it cannot
-      take (invalid or unsupported schema, regex or grammar, or a compile that overran its time
-      bound), naming the problem; it admits nothing, so the engine calls it before admission.
+      take (invalid or unsupported schema, regex or grammar, a limit broken at the first
+      token, or a compile that overran its time bound), naming the problem; it admits nothing,
+      so the engine calls it before admission.
+    - `compile` blocks its caller for at most its time bound, counted from the call (a wait
+      for a free compile slot included), so event-loop callers run it on a thread.
     - Equal specs (`GrammarSpec.key`) may return the same cached grammar; the cache is bounded.
+      A spec refused for what it is may be remembered (bounded) and refused again at once.
     """
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar: ...

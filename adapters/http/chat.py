@@ -46,7 +46,7 @@ class ChatCompletionsResource:
             forced=job.structure.tool_calls,
         )
         header = generation.start(job, served, "chatcmpl")
-        group = generation.request_group(job, served, header, self._settings.channel_capacity)
+        group = await generation.request_group(job, served, header, self._settings.channel_capacity)
         rendering = generation.rendering(job, served)
         if job.stream:
             if parsers.parses:

@@ -9,7 +9,7 @@ from falcon.asgi import SSEvent
 
 from adapters.http import generation
 from adapters.http.body import read_json
-from adapters.http.engine_bridge import RequestGroup
+from adapters.http.engine_bridge import RequestGroup, check_all
 from adapters.http.parsing import completion_request
 from adapters.http.serving import HttpSettings, ModelHolder
 from adapters.http.sse import done_event, json_event
@@ -49,8 +49,9 @@ class CompletionsResource:
         )
         header = generation.start(job, served, "cmpl")
         if not job.generates and not job.scores_prompt:
-            for index, prompt in enumerate(job.prompts):
-                served.engine.check(
+            await check_all(
+                served.engine,
+                [
                     EngineRequest(
                         f"{header.id}-{index}",
                         prompt.token_ids,
@@ -59,14 +60,16 @@ class CompletionsResource:
                         job.logprob_ask,
                         grammar=job.structure.grammar,
                     )
-                )
+                    for index, prompt in enumerate(job.prompts)
+                ],
+            )
             result = _echo_only(job)
             if job.stream:
                 resp.sse = _echo_only_events(header, job, result)
             else:
                 resp.media = completion_response(header, result, generation.prompt_usage(job))
             return
-        group = generation.request_group(job, served, header, self._settings.channel_capacity)
+        group = await generation.request_group(job, served, header, self._settings.channel_capacity)
         view = _LogprobView(job, generation.rendering(job, served), served.tokenizer)
         if job.stream:
             resp.sse = _stream(header, job, group, view)

@@ -4,30 +4,59 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 
 from domain.channel import OutputChannel
-from domain.engine_request import EngineRequest
+from domain.engine_request import CheckedRequest, EngineRequest
 from domain.outputs import ChoiceDelta, PromptScores, RequestEnd
 from ports.engine_client import EngineClient
+
+# Threads that wait on checks which may compile a grammar (each at most the compile budget);
+# the compiler bounds the compiles themselves.
+_CHECK_THREADS = 32
+
+
+@functools.cache
+def _check_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=_CHECK_THREADS, thread_name_prefix="request-check")
+
+
+async def check_all(client: EngineClient, requests: list[EngineRequest]) -> list[CheckedRequest]:
+    """Checks requests in order (the first refusal raises); a check that may compile a grammar
+    runs on a thread, so the event loop keeps serving other streams meanwhile."""
+    if all(request.grammar is None for request in requests):
+        return [client.check(request) for request in requests]
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(
+        _check_pool(), lambda: [client.check(request) for request in requests]
+    )
 
 
 class RequestGroup:
     """The engine requests of one HTTP request (one per prompt), read as one async stream.
 
-    All requests are checked when the group is built (a 400 before any response starts), and
-    submitted together, so a bad prompt admits nothing. Leaving the iteration early (a closed
-    connection, an error) aborts every request that has not ended.
+    All requests are checked before the group is built (`checked`: a 400 before any response
+    starts), and submitted together, so a bad prompt admits nothing. Leaving the iteration early
+    (a closed connection, an error) aborts every request that has not ended.
     """
 
     def __init__(
-        self, client: EngineClient, requests: list[EngineRequest], capacity: int = 64
+        self, client: EngineClient, checked: list[CheckedRequest], capacity: int = 64
     ) -> None:
-        self._checked = [client.check(request) for request in requests]
+        self._checked = checked
         self._client = client
-        self._requests = requests
+        self._requests = [item.request for item in checked]
         self._capacity = capacity
         self._ended: set[int] = set()
+
+    @classmethod
+    async def checked(
+        cls, client: EngineClient, requests: list[EngineRequest], capacity: int = 64
+    ) -> RequestGroup:
+        """Checks the requests off the event loop (`check_all`) and groups them."""
+        return cls(client, await check_all(client, requests), capacity)
 
     async def items(self) -> AsyncIterator[tuple[int, ChoiceDelta | PromptScores | RequestEnd]]:
         """Yields (prompt index, item) until every request has ended."""

@@ -25,7 +25,7 @@ def start(job: ApiRequest, served: ServedModel, prefix: str) -> ResponseHeader:
     return ResponseHeader(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), served.name)
 
 
-def request_group(
+async def request_group(
     job: ApiRequest, served: ServedModel, header: ResponseHeader, capacity: int
 ) -> RequestGroup:
     requests = [
@@ -41,7 +41,7 @@ def request_group(
         )
         for index, prompt in enumerate(job.prompts)
     ]
-    return RequestGroup(served.engine, requests, capacity)
+    return await RequestGroup.checked(served.engine, requests, capacity)
 
 
 def thinking_budget(job: ApiRequest, served: ServedModel, prompt: str) -> ThinkingBudget | None:

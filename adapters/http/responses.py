@@ -45,7 +45,7 @@ class ResponsesResource:
             )
             served.check_model(job.api.model)
             capacity = self._settings.channel_capacity
-            group = generation.request_group(job.api, served, header, capacity)
+            group = await generation.request_group(job.api, served, header, capacity)
         assembler = ResponseAssembler(header, job.settings, entries=_renderer(job, served))
         parser = choice_parser(0, _parser_config(job, served))
         if job.api.stream:

@@ -11,6 +11,8 @@ from typing import Any
 from adapters.tokenizer.chat_template import render_chat_template
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+# Texts this long are encoded with the GIL released; shorter ones are not worth the batch call.
+_LONG_TEXT = 4096
 
 
 def byte_level_alphabet() -> dict[str, int]:
@@ -117,14 +119,22 @@ class HfTokenizer:
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         if self._add_bos is None and self._add_eos is None:
-            return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
-        token_ids = list(self._tokenizer.encode(text, add_special_tokens=False).ids)
+            return self._encode(text, add_special_tokens)
+        token_ids = self._encode(text, False)
         if add_special_tokens and self._add_bos and self._bos_token_id is not None:
             token_ids.insert(0, self._bos_token_id)
         eos_id = self._known_id(self._eos_token)
         if add_special_tokens and self._add_eos and eos_id is not None:
             token_ids.append(eos_id)
         return token_ids
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        if len(text) < _LONG_TEXT:
+            return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+        # The batch call releases the GIL while it works: a long text (a grammar compile's
+        # forced output, a huge prompt) leaves the engine and the event loop running.
+        (encoding,) = self._tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)
+        return list(encoding.ids)
 
     def token_bytes(self, token_id: int) -> bytes:
         # A negative index would silently wrap to the end of the table.

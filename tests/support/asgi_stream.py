@@ -98,3 +98,31 @@ async def _leave_after(app: Any, path: str, body: dict, marker: bytes) -> bytes:
 def post_and_leave(app: Any, path: str, *, json: dict, marker: bytes) -> str:
     """POSTs a streaming request and leaves right after the body holding `marker` arrives."""
     return asyncio.run(_leave_after(app, path, json, marker)).decode()
+
+
+async def chunk_times(
+    conductor: testing.ASGIConductor,
+    path: str,
+    *,
+    json: dict,
+    timeout: float = 30.0,
+    arrived: asyncio.Event | None = None,
+) -> list[float]:
+    """POSTs on an open conductor and reads the whole stream; the monotonic time each body
+    chunk arrived (other requests on the conductor's loop go on meanwhile). `arrived` is set
+    at each chunk."""
+    request = conductor.simulate_request("POST", path, _stream_result=True, json=json)
+    times: list[float] = []
+    async with _AsyncContextManager(request) as result:
+        body = b""
+        deadline = time.monotonic() + timeout
+        while b"data: [DONE]" not in body and time.monotonic() < deadline:
+            chunk = await result.stream.read()
+            if chunk:
+                times.append(time.monotonic())
+                body += chunk
+                if arrived is not None:
+                    arrived.set()
+            else:
+                await asyncio.sleep(0.002)
+    return times

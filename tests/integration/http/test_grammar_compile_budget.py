@@ -1,0 +1,108 @@
+"""Grammar compiles through the Falcon app over the tiny model: constraints that break a limit
+at their first token are 400s naming their field, and a slow compile runs off the event loop
+while other streams keep their pace."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from falcon import testing
+
+from tests.support.asgi_stream import chunk_times
+
+STREAM = {"prompt": "the quick brown", "max_tokens": 100, "temperature": 0, "stream": True}
+# A forced literal of 320,000 characters: seconds of llguidance work before the first mask.
+SLOW_REGEX = "(ab){400}{400}"
+THOUSANDS_OF_ALTERNATIVES = "start: " + " | ".join(f'"w{i}"' for i in range(3000))
+SELF_NESTING = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "words"),
+    [
+        ("/v1/completions", {"structured_outputs": {"regex": "\\"}}, "structured_outputs", "lone"),
+        (
+            "/v1/chat/completions",
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "nest", "schema": SELF_NESTING},
+                }
+            },
+            "response_format",
+            "Too many items",
+        ),
+        (
+            "/v1/completions",
+            {"structured_outputs": {"grammar": THOUSANDS_OF_ALTERNATIVES}},
+            "structured_outputs",
+            "3001 items",
+        ),
+    ],
+)
+def test_a_constraint_over_a_limit_at_its_first_token_is_a_400_before_admission(
+    client, served, path, body, param, words
+):
+    prompt = (
+        {"prompt": "the quick"}
+        if path == "/v1/completions"
+        else {"messages": [{"role": "user", "content": "hi"}]}
+    )
+    waiting = served.engine.scheduler.num_waiting
+
+    response = client.simulate_post(path, json={**prompt, "max_tokens": 8, **body})
+
+    assert response.status_code == 400, response.json
+    error = response.json["error"]
+    assert error["param"] == param and words in error["message"], error
+    assert served.engine.scheduler.num_waiting == waiting
+
+
+def gaps(times: list[float]) -> list[float]:
+    """The gaps between a stream's chunks (its first chunk carries its first token)."""
+    return [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
+
+
+@pytest.mark.slow
+def test_a_running_stream_keeps_its_pace_while_a_slow_grammar_compiles(app):
+    # An echo with `max_tokens: 0` checks the request (the compile) and admits nothing: the gaps
+    # measure the compile alone, not the engine computing this grammar's masks once it runs.
+    slow = {
+        "prompt": "ab",
+        "max_tokens": 0,
+        "echo": True,
+        "structured_outputs": {"regex": SLOW_REGEX},
+    }
+
+    async def scenario() -> tuple[list[float], list[float], float, dict]:
+        async with testing.ASGIConductor(app) as conductor:
+            alone: list[float] = []
+            for _ in range(3):
+                alone += gaps(await chunk_times(conductor, "/v1/completions", json=STREAM))
+            streaming = asyncio.Event()
+            running = asyncio.ensure_future(
+                chunk_times(conductor, "/v1/completions", json=STREAM, arrived=streaming)
+            )
+            await streaming.wait()
+            started = time.monotonic()
+            compiling = asyncio.ensure_future(conductor.simulate_post("/v1/completions", json=slow))
+            during = gaps(await running)
+            # Streams started while the compile goes on count too.
+            while not compiling.done():
+                during += gaps(await chunk_times(conductor, "/v1/completions", json=STREAM))
+            response = await compiling
+            return alone, during, time.monotonic() - started, response.json
+
+    alone, during, compile_s, answer = asyncio.run(scenario())
+
+    normal = max(alone)
+    assert max(during) <= normal + 0.1, (
+        f"worst gap {max(during) * 1e3:.0f} ms while compiling; alone at most {normal * 1e3:.0f} ms"
+    )
+    # The compile either finishes within its 5 s budget or is refused when that runs out.
+    compiled = answer.get("choices", [{}])[0].get("text") == "ab"
+    assert compiled or "did not compile within 5 s" in answer["error"]["message"], answer
+    assert compile_s >= 1.0, f"the compile took only {compile_s:.2f} s"
+    assert len(during) >= 50, f"only {len(during)} gaps were measured during the compile"
