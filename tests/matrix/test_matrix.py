@@ -1,0 +1,202 @@
+"""Issue 19's feature matrix: every pair of server and request features in some cell (a
+generated pairwise covering table, tests/matrix/factors.py), each cell checking the contract's
+invariants on the tiny models.
+
+`HELIOS_MATRIX=full` runs the full product instead (`make test-matrix`; hours, not CI).
+docs/matrix.md lists the table, what each cell checks, and which cells are refused on purpose.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+from falcon import testing
+
+from tests.matrix import answers
+from tests.matrix.checks import (
+    REFERENCE_TOLERANCE,
+    TP_TOLERANCE,
+    check_completion_text,
+    check_content_bytes,
+    check_entries,
+    check_generated_bytes,
+    check_grammar,
+    check_prompt_logprobs,
+    check_refusal,
+    check_thinking,
+    check_tool_calls,
+    same_answer,
+)
+from tests.matrix.factors import PARSER_SERVERS, cell_id, full_rows, pairwise_rows, refusal_params
+from tests.matrix.requests import (
+    MIN_TOKENS,
+    PATHS,
+    PROMPT_TOP_K,
+    STOP,
+    THINKING_BUDGET,
+    request_body,
+    without_prompt_logprobs,
+)
+from tests.matrix.servers import MatrixServer, MatrixServers, reference_rows
+from tests.support.asgi_stream import stream_post
+from tests.support.generation_tap import Generation
+from tests.support.tiny_serving import build_draft_model_dir, build_thinking_model_dir
+
+pytestmark = [pytest.mark.model, pytest.mark.slow]
+
+ROWS = full_rows() if os.environ.get("HELIOS_MATRIX") == "full" else list(pairwise_rows())
+# Servers whose feature leaves every token as a plain server would choose it, greedy or seeded
+# (noise is keyed by seed and position): scoring, two ranks, preemption.
+SAME_SAMPLES = ("tp2", "prompt-logprobs", "tiny-kv")
+# Speculation keeps greedy tokens; seeded ones follow the same distribution, not the same draw.
+SAME_GREEDY = ("ngram", "draft", *SAME_SAMPLES)
+FINAL_EVENT = b'"usage": {"input_tokens"'
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_thinking_model_dir(tmp_path_factory.mktemp("matrix"))
+
+
+@pytest.fixture(scope="module")
+def servers(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MatrixServers]:
+    draft_dir = build_draft_model_dir(
+        tmp_path_factory.mktemp("matrix-draft"), model_dir, noise=0.02
+    )
+    started = MatrixServers(model_dir, draft_dir)
+    yield started
+    started.close()
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir: Path):
+    return reference_rows(model_dir)
+
+
+def send(server: MatrixServer, row: Mapping[str, str], body: dict) -> tuple[int, object]:
+    """(status, payload): the JSON of a whole answer or a 400, the SSE text of a stream.
+
+    A refused stream is refused before its first byte, so the plain client reads its 400 (and a
+    200 that should have been a 400 still shows its status)."""
+    path = PATHS[row["api"]]
+    if body.get("stream") and not refusal_params(row):
+        until = FINAL_EVENT if row["api"] == "responses" else b"data: [DONE]"
+        status, text = stream_post(server.app, path, json=body, until=until)
+        assert status == 200, text
+        return status, text
+    result = testing.TestClient(server.app).simulate_post(path, json=body)
+    return result.status_code, result.json
+
+
+def read(row: Mapping[str, str], payload: object, prompt_len: int) -> answers.Answer:
+    echo = row["prompt"] == "echo"
+    if row["api"] == "completions":
+        if isinstance(payload, str):
+            return answers.completion_stream(payload, prompt_len, echo)
+        return answers.completions(payload, prompt_len, echo)  # type: ignore[arg-type]
+    if row["api"] == "chat":
+        if isinstance(payload, str):
+            return answers.chat_stream(payload)
+        return answers.chat(payload)  # type: ignore[arg-type]
+    if isinstance(payload, str):
+        final, told = answers.responses_stream(payload)
+        # The deltas add up to the final response (calls by their arguments).
+        for mine, theirs in ((told.choices[0], final.choices[0]),):
+            assert (mine.text, mine.reasoning) == (theirs.text, theirs.reasoning)
+            assert [e.logprob for e in mine.entries] == [e.logprob for e in theirs.entries]
+            assert [a for _, a in mine.tool_calls] == [a for _, a in theirs.tool_calls]
+        return final
+    return answers.responses(payload)  # type: ignore[arg-type]
+
+
+def generated(server: MatrixServer, what: str) -> Generation:
+    taken = server.tap.take()
+    assert len(taken) == 1, f"{what}: {len(taken)} engine requests"
+    generation = taken[0]
+    assert generation.ended and generation.error is None, (what, generation.error)
+    return generation
+
+
+@pytest.mark.parametrize(
+    "row", [pytest.param(row, id=cell_id(i, row)) for i, row in enumerate(ROWS)]
+)
+def test_a_cell_keeps_every_invariant_of_the_contract(row, servers, reference):
+    server = servers[row["server"]]
+    server.tap.take()
+    body = request_body(row)
+    refused = refusal_params(row)
+    status, payload = send(server, row, body)
+    assert status != 500, payload
+    if refused:
+        check_refusal(status, payload, refused)  # type: ignore[arg-type]
+        assert server.tap.take() == [], "a refused request reached the engine"
+        return
+    assert status == 200, payload
+    preempted = server.preemptions()
+    generation = generated(server, "the cell's request")
+    answer = read(row, payload, len(generation.prompt))
+    tokenizer = server.served.tokenizer
+    assert sorted(answer.choices) == list(range(int(row["n"])))
+
+    # Streamed equals whole: the same request, not streamed, gives the same answer.
+    if body.get("stream"):
+        status, whole = send(server, row, {**body, "stream": False})
+        assert status == 200, whole
+        generated(server, "the whole twin")
+        same_answer(read(row, whole, len(generation.prompt)), answer)
+
+    tolerance = TP_TOLERANCE if row["server"] == "tp2" else REFERENCE_TOLERANCE
+    start, end = (tokenizer.encode(s, add_special_tokens=False)[0] for s in ("<think>", "</think>"))
+    for index, choice in answer.choices.items():
+        tokens = generation.tokens[index]
+        rows = reference(list(generation.prompt) + tokens)
+        check_entries(choice, generation, rows, row, tolerance)
+        if row["prompt"] == "prompt_logprobs":
+            check_prompt_logprobs(
+                answer.prompt_logprobs[index], generation.prompt, rows, PROMPT_TOP_K, tolerance
+            )
+        if row["api"] == "completions":
+            check_completion_text(
+                choice,
+                tokenizer.decode(list(generation.prompt)),
+                row["prompt"] == "echo",
+                tokenizer.token_bytes,
+            )
+        # A stop string cuts any output short, a grammar's or a call's too (Responses has no
+        # `stop_reason` to tell it, so the generated text does).
+        cut = row["stop"] == "stop" and STOP in tokenizer.decode(tokens)
+        if row["api"] == "chat" and row["server"] not in PARSER_SERVERS:
+            check_generated_bytes(choice, tokens, tokenizer.token_bytes, cut)
+        elif row["api"] != "completions":
+            check_content_bytes(choice)
+        ended = choice.finish_reason in ("stop", "tool_calls", "completed") and not cut
+        if row["grammar"] != "none" and ended:
+            check_grammar(row, generation.texts[index])
+        if row["tools"] in ("required", "named") and ended:
+            check_tool_calls(row, choice)
+        if row["thinking"] == "budget":
+            check_thinking(tokens, start, end, THINKING_BUDGET)
+        unconstrained = row["grammar"] == "none" and row["tools"] == "none"
+        if row["min_tokens"] == "min" and unconstrained and ended:
+            assert len(tokens) >= MIN_TOKENS, tokens
+
+    if row["server"] == "tiny-kv" and row["n"] == "2":
+        assert preempted > 0, "the tiny KV cache never preempted"
+
+    # The same tokens as a plain server, where the feature does not change them.
+    same = row["server"] in SAME_SAMPLES or (
+        row["server"] in SAME_GREEDY and row["sampling"] == "greedy"
+    )
+    if row["server"] in ("qwen3", "deepseek_r1"):
+        same = row["thinking"] == "no" and row["tools"] != "auto"
+    if same:
+        plain = servers["plain"]
+        plain.tap.take()
+        status, reply = send(plain, row, {**without_prompt_logprobs(body), "stream": False})
+        assert status == 200, reply
+        expected = generated(plain, "the plain server's twin")
+        assert expected.prompt == generation.prompt
+        assert expected.tokens == generation.tokens, "tokens differ from a plain server's"
