@@ -160,9 +160,9 @@ def check_grammar(row: Mapping[str, str], text: str) -> None:
     if row["grammar"] == "json_schema":
         jsonschema.validate(json.loads(text), SCHEMA)
     elif row["grammar"] == "regex":
-        assert re.fullmatch(REGEX, text), text
+        assert re.fullmatch(REGEX, text), repr(text)
     elif row["grammar"] == "choice":
-        assert text in CHOICES, text
+        assert text in CHOICES, repr(text)
 
 
 def check_tool_calls(row: Mapping[str, str], choice: Choice) -> None:
@@ -184,6 +184,17 @@ def check_thinking(tokens: Sequence[int], start: int, end: int, budget: int) -> 
     if end in tokens:
         first = tokens.index(end)
         assert tokens[first + 1 : first + 2] != [end], f"the end twice in a row: {tokens}"
+
+
+def check_entry_count(choice: Choice, tokens: Sequence[int], prompt_len: int) -> None:
+    """Every generated token has an entry but a terminating one (EOS, which ends a `stop` or
+    `tool_calls` choice); echo gives the prompt one each and keeps the terminating token's."""
+    if choice.prompt_entries:
+        assert len(choice.prompt_entries) == prompt_len
+        assert len(choice.entries) == len(tokens), (len(choice.entries), tokens)
+        return
+    terminated = choice.finish_reason in ("stop", "tool_calls")
+    assert len(choice.entries) == len(tokens) - terminated, (len(choice.entries), tokens)
 
 
 def check_refusal(status: int, payload: dict, params: set[str]) -> None:
