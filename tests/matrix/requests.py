@@ -16,6 +16,7 @@ PROMPT_TOP_K = 3
 STOP = " s"
 MIN_TOKENS = 6
 THINKING_BUDGET = 3
+CLOSING_BIAS = 100
 SCHEMA = {
     "type": "object",
     "properties": {"ok": {"type": "boolean"}},
@@ -35,8 +36,14 @@ PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 PATHS["responses"] = "/v1/responses"
 
 
-def request_body(row: Mapping[str, str]) -> dict[str, Any]:
-    """Every factor of `row` in the fields its route spells it with; the stream flag too."""
+def request_body(row: Mapping[str, str], closing_token: int | None = None) -> dict[str, Any]:
+    """Every factor of `row` in the fields its route spells it with; the stream flag too.
+
+    `closing_token`: on a reasoning server, the reasoning's end token. A grammar or a forced
+    call starts after the reasoning there, and the random tiny model almost never ends its
+    reasoning by itself, so such rows bias sampling towards the end token: the reasoning closes
+    at once and the constraint has an output to own. A bias changes sampling only, never a
+    reported value, and the grammar's mask still rules every token it constrains."""
     api = row["api"]
     body: dict[str, Any] = {"return_tokens_as_token_ids": True}
     if api == "completions":
@@ -67,6 +74,9 @@ def request_body(row: Mapping[str, str]) -> dict[str, Any]:
         body["min_tokens"] = MIN_TOKENS
     body.update(_grammar(row["grammar"], api))
     body.update(_tools(row["tools"], api))
+    constrained = row["grammar"] != "none" or row["tools"] in ("required", "named")
+    if closing_token is not None and constrained:
+        body["logit_bias"] = {str(closing_token): CLOSING_BIAS}
     if row["thinking"] == "budget":
         body["thinking_token_budget"] = THINKING_BUDGET
     return body

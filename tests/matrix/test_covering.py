@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,6 +14,7 @@ from tests.matrix.factors import (
     FACTORS,
     expressible,
     full_rows,
+    markdown,
     pairwise_rows,
     refusal_params,
     served,
@@ -112,3 +114,8 @@ def test_the_matrix_is_a_small_part_of_the_full_product():
     assert len({tuple(sorted(row.items())) for row in rows}) == len(rows)
     # The full product is what `make test-matrix` runs; the count is in docs/matrix.md.
     assert len(full_rows()) == 233_472
+
+
+def test_docs_matrix_shows_the_generated_table():
+    doc = Path(__file__).resolve().parents[2] / "docs" / "matrix.md"
+    assert markdown(pairwise_rows()) in doc.read_text(encoding="utf-8")
