@@ -16,6 +16,7 @@ Two kinds of impossible combination, kept apart on purpose:
 from __future__ import annotations
 
 import functools
+import random
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -175,6 +176,19 @@ def pairwise_rows() -> tuple[Row, ...]:
 def full_rows() -> list[Row]:
     rows = list(full_product(FACTORS, expressible))
     return sorted(rows, key=lambda row: SERVERS.index(row["server"]))
+
+
+def rows_for(mode: str) -> list[Row]:
+    """`pairwise` (the table), `full` (the product) or `sample:N` (N seeded picks of the
+    product, grouped by server as the others are)."""
+    if mode == "pairwise":
+        return list(pairwise_rows())
+    if mode == "full":
+        return full_rows()
+    if mode.startswith("sample:"):
+        picked = random.Random(SEED).sample(full_rows(), int(mode.removeprefix("sample:")))
+        return sorted(picked, key=lambda row: SERVERS.index(row["server"]))
+    raise ValueError(f"HELIOS_MATRIX must be pairwise, full or sample:N, not {mode!r}")
 
 
 def cell_id(index: int, row: Mapping[str, str]) -> str:

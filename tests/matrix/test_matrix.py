@@ -2,7 +2,8 @@
 generated pairwise covering table, tests/matrix/factors.py), each cell checking the contract's
 invariants on the tiny models.
 
-`HELIOS_MATRIX=full` runs the full product instead (`make test-matrix`; hours, not CI).
+`HELIOS_MATRIX=full` runs the full product instead (`make test-matrix`; hours, not CI), and
+`HELIOS_MATRIX=sample:N` a seeded sample of N of its cells (to time it).
 docs/matrix.md lists the table, what each cell checks, and which cells are refused on purpose.
 """
 
@@ -30,7 +31,7 @@ from tests.matrix.checks import (
     check_tool_calls,
     same_answer,
 )
-from tests.matrix.factors import PARSER_SERVERS, cell_id, full_rows, pairwise_rows, refusal_params
+from tests.matrix.factors import PARSER_SERVERS, cell_id, refusal_params, rows_for
 from tests.matrix.requests import (
     MIN_TOKENS,
     PATHS,
@@ -53,7 +54,7 @@ from tests.support.tiny_serving import build_draft_model_dir, build_thinking_mod
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
-ROWS = full_rows() if os.environ.get("HELIOS_MATRIX") == "full" else list(pairwise_rows())
+ROWS = rows_for(os.environ.get("HELIOS_MATRIX", "pairwise"))
 # Servers whose feature leaves every token as a plain server would choose it, greedy or seeded
 # (noise is keyed by seed and position): scoring, two ranks, preemption.
 SAME_SAMPLES = ("tp2", "prompt-logprobs", "tiny-kv")
