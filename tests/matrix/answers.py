@@ -196,8 +196,9 @@ def responses(payload: dict) -> Answer:
     return Answer({0: choice}, {0: None}, payload, status=payload["status"])
 
 
-def responses_stream(body: str) -> tuple[Answer, Answer]:
-    """(the final event's response, what the deltas add up to)."""
+def responses_stream(body: str) -> Answer:
+    """The final event's response, once the deltas are seen to add up to it (the reasoning,
+    the text, its entries and the calls' arguments)."""
     events = [
         json.loads(block.split("\ndata: ", 1)[1]) for block in body.strip().split("\n\n") if block
     ]
@@ -214,5 +215,8 @@ def responses_stream(body: str) -> tuple[Answer, Answer]:
         elif event["type"] == "response.function_call_arguments.done":
             told.tool_calls.append((event.get("name", ""), event["arguments"]))
     answer = responses(final["response"])
-    told.finish_reason = answer.status
-    return answer, Answer({0: told}, {0: None}, events, status=answer.status)
+    whole = answer.choices[0]
+    assert (told.text, told.reasoning) == (whole.text, whole.reasoning)
+    assert told.entries == whole.entries
+    assert [a for _, a in told.tool_calls] == [a for _, a in whole.tool_calls]
+    return answer
