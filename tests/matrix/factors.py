@@ -9,8 +9,8 @@ Two kinds of impossible combination, kept apart on purpose:
 - refusals (`refusal_params`): the request says it and contracts/api.md answers with a 400
   naming a field. These rows are generated like any other, and their cell asserts the 400.
 
-`python -m tests.matrix.factors` prints the pairwise table (markdown) that docs/matrix.md holds;
-`--full` prints the full product's size instead.
+`python -m tests.matrix.factors` prints the pairwise table (markdown) that docs/matrix.md holds,
+`--write-doc` writes it there, and `--full` prints the full product's size instead.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import random
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from tests.matrix.covering import Factor, Row, full_product, pairwise, required_pairs
 
@@ -210,16 +211,34 @@ def markdown(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
+DOC = Path(__file__).resolve().parents[2] / "docs" / "matrix.md"
+BEGIN, END = "<!-- matrix table: begin -->", "<!-- matrix table: end -->"
+
+
+def table_text() -> str:
+    rows = pairwise_rows()
+    refused = sum(1 for row in rows if refusal_params(row))
+    return f"{markdown(rows)}\n\n{len(rows)} cells, {refused} of them documented 400s"
+
+
+def write_doc() -> None:
+    """Replaces the table between docs/matrix.md's markers with the generated one."""
+    text = DOC.read_text(encoding="utf-8")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    DOC.write_text(f"{head}{BEGIN}\n{table_text()}\n{END}{tail}", encoding="utf-8")
+
+
 def main(argv: list[str]) -> None:
+    if "--write-doc" in argv:
+        write_doc()
+        return
     if "--full" in argv:
         rows = full_rows()
         refused = sum(1 for row in rows if refusal_params(row))
         print(f"full product: {len(rows)} cells, {refused} of them documented 400s")
         return
-    rows = pairwise_rows()
-    refused = sum(1 for row in rows if refusal_params(row))
-    print(markdown(rows))
-    print(f"\n{len(rows)} cells, {refused} of them documented 400s")
+    print(table_text())
 
 
 if __name__ == "__main__":
