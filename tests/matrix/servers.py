@@ -50,9 +50,16 @@ class MatrixServer:
     tap: GenerationTap
     metrics: PrometheusMetrics
 
-    def preemptions(self) -> float:
+    def counts(self) -> dict[str, float]:
+        """The counters the cells check, by their names without `vllm:` and `_total`."""
         scrape = Scrape(self.metrics.render().decode())
-        return scrape.value("vllm:num_preemptions_total", model_name=MODEL_NAME)
+        found = {}
+        for name in ("num_preemptions", "generation_tokens", "spec_decode_num_accepted_tokens"):
+            try:
+                found[name] = scrape.value(f"vllm:{name}_total", model_name=MODEL_NAME)
+            except KeyError:  # a series not created until it first counts
+                found[name] = 0.0
+        return found
 
 
 class MatrixServers:

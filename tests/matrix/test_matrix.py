@@ -10,6 +10,7 @@ docs/matrix.md lists the table, what each cell checks, and which cells are refus
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -63,6 +64,7 @@ SAME_GREEDY = ("ngram", "draft", *SAME_SAMPLES)
 START_STRING, END_STRING = "<think>", "</think>"
 # Generous: two ranks on two shared cores can be slow, and a stream cut short fails the cell.
 STREAM_S = 180.0
+METRICS_S = 10.0
 FINAL_EVENT = b'"usage": {"input_tokens"'
 
 
@@ -151,7 +153,7 @@ def test_a_cell_keeps_every_invariant_of_the_contract(row, servers, reference):
     server.tap.take()
     body = request_body(row, closing_token(server))
     refused = refusal_params(row)
-    preemptions = server.preemptions()
+    before = server.counts()
     status, payload = send(server, row, body)
     assert status != 500, payload
     if refused:
@@ -159,8 +161,8 @@ def test_a_cell_keeps_every_invariant_of_the_contract(row, servers, reference):
         assert server.tap.take() == [], "a refused request reached the engine"
         return
     assert status == 200, payload
-    preempted = server.preemptions() - preemptions
     generation = generated(server, "the cell's request")
+    counted = counted_since(server, before, sum(map(len, generation.tokens.values())))
     answer = read(row, payload, len(generation.prompt))
     assert sorted(answer.choices) == list(range(int(row["n"])))
 
@@ -180,7 +182,7 @@ def test_a_cell_keeps_every_invariant_of_the_contract(row, servers, reference):
             check_prompt_logprobs(prompt_logprobs, generation.prompt, rows, PROMPT_TOP_K, tolerance)
         check_choice(row, choice, generation, server)
     if row["server"] == "tiny-kv":
-        check_preemption(generation, preempted)
+        check_preemption(generation, counted["num_preemptions"])
     if same_tokens_as_plain(row):
         plain = servers["plain"]
         plain.tap.take()
@@ -223,6 +225,21 @@ def check_choice(
     unconstrained = row["grammar"] == "none" and row["tools"] == "none"
     if row["min_tokens"] == "min" and unconstrained and ended:
         assert len(tokens) >= MIN_TOKENS, tokens
+
+
+def counted_since(server: MatrixServer, before: dict[str, float], tokens: int) -> dict[str, float]:
+    """What the server's counters added for one request that generated `tokens` tokens: the
+    metrics count each generated token once (preempted or speculated alike), and never more
+    accepted drafts than tokens. The last step's counts may land just after its answer."""
+    deadline = time.monotonic() + METRICS_S
+    while True:
+        added = {name: value - before[name] for name, value in server.counts().items()}
+        if added["generation_tokens"] >= tokens or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    assert added["generation_tokens"] == tokens, (added, tokens)
+    assert added["spec_decode_num_accepted_tokens"] <= added["generation_tokens"], added
+    return added
 
 
 def check_preemption(generation: Generation, preempted: float) -> None:
