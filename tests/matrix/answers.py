@@ -35,32 +35,14 @@ class Choice:
     stop_reason: Any = None
     tool_calls: list[tuple[str, str]] = field(default_factory=list)
 
-    def summary(self) -> tuple:
-        """What streamed and whole answers must agree on, values included."""
-        entries = [(e.token_id, e.logprob, e.top, e.raw, e.offset) for e in self.entries]
-        prompt = [
-            None if e is None else (e.token_id, e.logprob, e.top) for e in self.prompt_entries
-        ]
-        return (
-            self.text,
-            self.reasoning,
-            entries,
-            prompt,
-            self.finish_reason,
-            self.stop_reason,
-            self.tool_calls,
-        )
-
 
 @dataclass
 class Answer:
-    """A 200's choices (by index) and the request-level prompt logprobs (chat's, or each
-    completions choice's), with the raw payload for messages."""
+    """A 200's choices (by index) and their prompt logprobs (chat's request-level list, or each
+    completions choice's own)."""
 
     choices: dict[int, Choice]
     prompt_logprobs: dict[int, list | None]
-    raw: Any
-    status: str | None = None
 
 
 def token_id(name: str) -> int:
@@ -106,7 +88,7 @@ def completions(payload: dict, prompt_len: int, echo: bool) -> Answer:
         assert len(choice.entries) == len(entries) - cut, "a generated entry is null"
         choices[choice.index] = choice
         prompts[choice.index] = raw.get("prompt_logprobs")
-    return Answer(choices, prompts, payload)
+    return Answer(choices, prompts)
 
 
 def completion_stream(body: str, prompt_len: int, echo: bool) -> Answer:
@@ -151,7 +133,7 @@ def chat(payload: dict) -> Answer:
         choice.entries = [_content_entry(e) for e in content]
         choices[choice.index] = choice
     prompt = payload.get("prompt_logprobs")
-    return Answer(choices, dict.fromkeys(choices, prompt), payload)
+    return Answer(choices, dict.fromkeys(choices, prompt))
 
 
 def chat_stream(body: str) -> Answer:
@@ -178,7 +160,7 @@ def chat_stream(body: str) -> Answer:
                 )
     for index, found in calls.items():
         choices[index].tool_calls = [(name, args) for name, args in found.values()]
-    return Answer(choices, dict.fromkeys(choices), body)
+    return Answer(choices, dict.fromkeys(choices))
 
 
 def responses(payload: dict) -> Answer:
@@ -193,7 +175,7 @@ def responses(payload: dict) -> Answer:
         elif item["type"] == "function_call":
             choice.tool_calls.append((item["name"], item["arguments"]))
     choice.finish_reason = payload["status"]
-    return Answer({0: choice}, {0: None}, payload, status=payload["status"])
+    return Answer({0: choice}, {0: None})
 
 
 def responses_stream(body: str) -> Answer:

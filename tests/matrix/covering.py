@@ -5,8 +5,9 @@ yet, then fixes the remaining factors one at a time, in a shuffled order, to the
 covers the most new pairs with the factors already fixed; of several such candidate rows the one
 covering the most new pairs is kept. A seeded `random.Random` makes every choice, so a seed always
 gives the same table. `allowed` rules out combinations: it sees partial rows (only the factors
-fixed so far) and must answer False only when those values can never go together; pairs it
-rules out need no covering. Pure Python, no test framework: the table can be printed anywhere.
+fixed so far) and must answer False only when those values can never go together. A pair that
+no complete allowed row holds (a depth-first search decides) needs no covering. Pure Python,
+no test framework: the table can be printed anywhere.
 """
 
 from __future__ import annotations
