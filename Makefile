@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := test
 .DELETE_ON_ERROR:
-.PHONY: venv test test-fast lint serve bench clean distclean
+.PHONY: venv test test-fast test-matrix lint serve bench clean distclean
 
 venv: $(STAMP)
 
@@ -40,6 +40,11 @@ test: lint
 # The inner loop: the domain's unit tests, the layering and the contracts that need no model.
 test-fast: venv
 	$(BIN)/pytest -q -m "not gpu and not model and not slow and not e2e" tests/unit tests/architecture tests/contract
+
+# Issue 19's feature matrix as the full product of its factors (hours; not in CI). `make test`
+# runs the pairwise table; `python -m tests.matrix.factors` prints it. See docs/matrix.md.
+test-matrix: venv
+	HELIOS_MATRIX=full $(BIN)/pytest -n auto -q tests/matrix/test_matrix.py
 
 serve: venv
 	$(BIN)/helios serve --host $(HOST) --port $(PORT) $(ARGS)
