@@ -118,18 +118,6 @@ REFUSALS = (
         "a budget needs a reasoning parser (Thinking budget)",
     ),
     Refusal(
-        ("thinking", "grammar"),
-        lambda r: r["thinking"] != "no" and r["grammar"] != "none",
-        "thinking_token_budget",
-        "a budget with a grammar (Thinking budget)",
-    ),
-    Refusal(
-        ("thinking", "tools"),
-        lambda r: r["thinking"] != "no" and r["tools"] in FORCED_TOOLS,
-        "thinking_token_budget",
-        "a budget with a forced tool call (Thinking budget)",
-    ),
-    Refusal(
         ("grammar", "tools"),
         lambda r: r["grammar"] != "none" and r["tools"] in FORCED_TOOLS,
         "tool_choice",
