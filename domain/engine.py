@@ -24,7 +24,7 @@ from domain.records import CompletionRecord
 from domain.scheduler import Scheduler, SchedulerConfig
 from domain.sequence import Sequence
 from domain.speculation import SpeculativeConfig
-from domain.step import FrameResult, StepPlan
+from domain.step import FrameResult, LaneFailure, StepPlan
 from domain.step_stats import SchedulerState, UnobservedSteps
 from domain.step_tally import ChoiceTimeline, StepTally
 
@@ -199,6 +199,7 @@ class Engine:
                 self._fail(failed, f"the model step failed: {error}")
             return
         self._note_frame(result)
+        self._retire(result.failures)
         for sequence, record, lane in self._scheduler.commit(result.records):
             entry = self._requests.get(sequence.request_id)
             if entry is None:
@@ -212,6 +213,18 @@ class Engine:
                 # A prefill-only choice (echo with nothing to generate) ends with its prompt.
                 self._note_output(entry, sequence, 0)
                 self._deliver(entry, sequence, entry.choices[sequence.index].end())
+
+    def _retire(self, failures: tuple[LaneFailure, ...]) -> None:
+        """Fails the requests of the lanes the executor retired, each with its own message,
+        before the frame commits: their slots are free, so the commit passes their records
+        by, and the frame's other lanes go on."""
+        for failure in failures:
+            sequence = self._scheduler.sequence_in(failure.slot)
+            if sequence is None or sequence.epoch != failure.epoch:
+                continue
+            entry = self._requests.get(sequence.request_id)
+            if entry is not None:
+                self._fail(entry, failure.message, param=failure.param)
 
     def _note_admissions(self, plan: StepPlan) -> None:
         """Queue times of choices scheduled for the first time (a chunk at position 0)."""
@@ -410,18 +423,21 @@ class Engine:
                 self._finished(entry, sequence.index, "abort")
         self._close(entry)
 
-    def _fail(self, entry: _Request, message: str) -> None:
+    def _fail(self, entry: _Request, message: str, *, param: str | None = None) -> None:
+        """Ends the request with `message`; `param` marks the failure as its own input's."""
         entry.deferred = []
         for sequence, choice in zip(entry.sequences, entry.choices, strict=True):
             if not choice.finished:
                 self._scheduler.finish(sequence)
                 choice.abort("error")
                 self._finished(entry, sequence.index, "error")
-        self._close(entry, error=message)
+        self._close(entry, error=message, param=param)
 
-    def _close(self, entry: _Request, *, error: str | None = None) -> None:
+    def _close(
+        self, entry: _Request, *, error: str | None = None, param: str | None = None
+    ) -> None:
         self._requests.pop(entry.request.request_id, None)
-        entry.channel.put(RequestEnd(entry.usage(), error=error))
+        entry.channel.put(RequestEnd(entry.usage(), error=error, error_param=param))
 
 
 class EngineLoop:
