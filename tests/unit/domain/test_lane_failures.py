@@ -87,7 +87,8 @@ def test_each_failing_request_gets_its_own_error_and_nobody_else_gets_one():
     assert ends["bad1"].error_param == "structured_outputs"
     for name, items in found.items():
         if name.startswith("innocent"):
-            assert all(isinstance(i, ChoiceDelta) and i.finish_reason != "error" for i in items[:-1])
+            deltas = items[:-1]
+            assert all(isinstance(i, ChoiceDelta) and i.finish_reason != "error" for i in deltas)
             assert ends[name].error is None and ends[name].error_param is None
 
 
