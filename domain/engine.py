@@ -30,7 +30,7 @@ from domain.step_tally import ChoiceTimeline, StepTally
 
 if TYPE_CHECKING:  # the domain drives ports but never needs them at run time
     from ports.executor import ModelExecutor
-    from ports.grammar import GrammarCompiler
+    from ports.grammar import CompiledGrammar, GrammarCompiler
     from ports.metrics import EngineObserver
     from ports.tokenizer import Tokenizer
 
@@ -60,6 +60,9 @@ class _Request:
     deferred: list[Sequence] = field(default_factory=list)
     # One per choice, set once the request is admitted: where its latencies are measured from.
     timelines: list[ChoiceTimeline] = field(default_factory=list)
+    # The compiled constraint its check made, held (never read) while the request lives, so
+    # that the compiler keeps finding it for the executor however busy its cache is.
+    grammar: CompiledGrammar | None = None
 
     @property
     def done(self) -> bool:
@@ -118,7 +121,7 @@ class Engine:
         )
         self._requests: dict[str, _Request] = {}
         # Submissions (with their arrival times), and request IDs to abort, in arrival order.
-        self._inbox: deque[tuple[EngineRequest, OutputChannel, float] | str] = deque()
+        self._inbox: deque[tuple[CheckedRequest, OutputChannel, float] | str] = deque()
         self._wake = threading.Condition()
         self._arrivals = itertools.count()
 
@@ -140,7 +143,7 @@ class Engine:
                     "structured outputs need a grammar engine, and this server has none",
                     param=request.grammar.param,
                 )
-            self._grammars.compile(request.grammar)
+            return CheckedRequest(request, self, self._grammars.compile(request.grammar))
         return CheckedRequest(request, self)
 
     def submit(self, request: EngineRequest, channel: OutputChannel | None = None) -> OutputChannel:
@@ -160,7 +163,7 @@ class Engine:
                 raise OverloadedError("the server is at its admission limit; retry later")
             arrived = self._clock()
             for checked, channel in submissions:
-                self._inbox.append((checked.request, channel, arrived))
+                self._inbox.append((checked, channel, arrived))
             self._wake.notify()
 
     def abort(self, request_id: str) -> None:
@@ -347,11 +350,12 @@ class Engine:
             if isinstance(message, str):
                 self._abort(message)
                 continue
-            request, channel, arrived = message
-            self._admit(request, channel)
-            self._start_timelines(request, arrived)
+            checked, channel, arrived = message
+            self._admit(checked, channel)
+            self._start_timelines(checked.request, arrived)
 
-    def _admit(self, request: EngineRequest, channel: OutputChannel) -> None:
+    def _admit(self, checked: CheckedRequest, channel: OutputChannel) -> None:
+        request = checked.request
         if request.request_id in self._requests:
             channel.put(
                 RequestEnd(
@@ -398,7 +402,7 @@ class Engine:
             ChoiceEmission(index, params, self._tokenizer, logprobs=wants_logprobs, echo=echo)
             for index in range(request.n)
         ]
-        entry = _Request(request, channel, choices, sequences)
+        entry = _Request(request, channel, choices, sequences, grammar=checked.grammar)
         self._requests[request.request_id] = entry
         if sequences[0].needs_scoring:
             entry.deferred = sequences[1:]

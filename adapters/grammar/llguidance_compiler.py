@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -105,8 +106,11 @@ class LlguidanceCompiler:
     """Implements ports.grammar.GrammarCompiler for one tokenizer.
 
     Compiles run on a small thread pool so a pathological spec costs its caller at most
-    `timeout_s`; compiled grammars are kept by content (`GrammarSpec.key`) in an LRU of
-    `cache_size` entries, shared by the engine's admission check and the executor.
+    `timeout_s` (None: no bound, for a spec some other compiler already admitted); compiled
+    grammars are kept by content (`GrammarSpec.key`) in an LRU of `cache_size` entries, shared
+    by the engine's admission check and the executor. A grammar that left the LRU is still
+    found while anything holds it (an admitted request, a constrained lane), so it is never
+    compiled twice while in use.
     """
 
     def __init__(
@@ -114,7 +118,7 @@ class LlguidanceCompiler:
         tokenizer: Tokenizer,
         *,
         cache_size: int = CACHE_SIZE,
-        timeout_s: float = COMPILE_TIMEOUT_S,
+        timeout_s: float | None = COMPILE_TIMEOUT_S,
         limits: llguidance.LLParserLimits | None = None,
     ) -> None:
         self.vocab_size = tokenizer.vocab_size
@@ -124,6 +128,9 @@ class LlguidanceCompiler:
             eos_token=sorted(tokenizer.eos_token_ids),
         )
         self._cache: OrderedDict[tuple[str, str], LlguidanceGrammar] = OrderedDict()
+        self._held: weakref.WeakValueDictionary[tuple[str, str], LlguidanceGrammar] = (
+            weakref.WeakValueDictionary()
+        )
         self._cache_size = cache_size
         self._timeout_s = timeout_s
         self._limits = limits
@@ -132,9 +139,11 @@ class LlguidanceCompiler:
 
     def compile(self, spec: GrammarSpec) -> LlguidanceGrammar:
         with self._lock:
-            cached = self._cache.get(spec.key)
+            cached = self._cache.get(spec.key) or self._held.get(spec.key)
             if cached is not None:
+                self._cache[spec.key] = cached
                 self._cache.move_to_end(spec.key)
+                self._trim()
                 return cached
         try:
             compiled = self._pool.submit(self._build, spec).result(timeout=self._timeout_s)
@@ -146,9 +155,13 @@ class LlguidanceCompiler:
         with self._lock:
             self._cache[spec.key] = compiled
             self._cache.move_to_end(spec.key)
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+            self._held[spec.key] = compiled
+            self._trim()
         return compiled
+
+    def _trim(self) -> None:
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
 
     def _build(self, spec: GrammarSpec) -> LlguidanceGrammar:
         what = _WHAT[spec.kind]

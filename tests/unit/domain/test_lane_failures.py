@@ -39,8 +39,7 @@ def engine(row_limit: int | None = ROW_LIMIT) -> tuple[Engine, FakeExecutor]:
 def innocents() -> list[EngineRequest]:
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     return [
-        EngineRequest(f"innocent{i}", (3 + i, 9, 14, 27, 5), params, n=1 + i % 2)
-        for i in range(4)
+        EngineRequest(f"innocent{i}", (3 + i, 9, 14, 27, 5), params, n=1 + i % 2) for i in range(4)
     ]
 
 
