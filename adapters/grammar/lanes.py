@@ -62,7 +62,9 @@ class GrammarLanes:
     outgrows its limit, say). That is the lane's own failure: `start`'s masks list the lane in
     `failed` and `commit` returns its message, both in words about that lane only (the first
     line of llguidance's error, never its dump of the parser state); the lane's matcher is
-    dropped and the other lanes go on.
+    dropped and the other lanes go on. A speculative draft the matcher cannot take breaks the
+    lane too, even if verification would have rejected it: llguidance's error is sticky (no
+    rollback recovers the matcher), and the lane depends only on its own drafts.
     """
 
     def __init__(self, compiler: LlguidanceCompiler, device: torch.device) -> None:
