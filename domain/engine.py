@@ -24,13 +24,13 @@ from domain.records import CompletionRecord
 from domain.scheduler import Scheduler, SchedulerConfig
 from domain.sequence import Sequence
 from domain.speculation import SpeculativeConfig
-from domain.step import FrameResult, StepPlan
+from domain.step import FrameResult, LaneFailure, StepPlan
 from domain.step_stats import SchedulerState, UnobservedSteps
 from domain.step_tally import ChoiceTimeline, StepTally
 
 if TYPE_CHECKING:  # the domain drives ports but never needs them at run time
     from ports.executor import ModelExecutor
-    from ports.grammar import GrammarCompiler
+    from ports.grammar import CompiledGrammar, GrammarCompiler
     from ports.metrics import EngineObserver
     from ports.tokenizer import Tokenizer
 
@@ -60,6 +60,9 @@ class _Request:
     deferred: list[Sequence] = field(default_factory=list)
     # One per choice, set once the request is admitted: where its latencies are measured from.
     timelines: list[ChoiceTimeline] = field(default_factory=list)
+    # The compiled constraint its check made, held (never read) while the request lives, so
+    # that the compiler keeps finding it for the executor however busy its cache is.
+    grammar: CompiledGrammar | None = None
 
     @property
     def done(self) -> bool:
@@ -118,7 +121,7 @@ class Engine:
         )
         self._requests: dict[str, _Request] = {}
         # Submissions (with their arrival times), and request IDs to abort, in arrival order.
-        self._inbox: deque[tuple[EngineRequest, OutputChannel, float] | str] = deque()
+        self._inbox: deque[tuple[CheckedRequest, OutputChannel, float] | str] = deque()
         self._wake = threading.Condition()
         self._arrivals = itertools.count()
 
@@ -143,7 +146,7 @@ class Engine:
                     "structured outputs need a grammar engine, and this server has none",
                     param=request.grammar.param,
                 )
-            self._grammars.compile(request.grammar)
+            return CheckedRequest(request, self, self._grammars.compile(request.grammar))
         return CheckedRequest(request, self)
 
     def submit(self, request: EngineRequest, channel: OutputChannel | None = None) -> OutputChannel:
@@ -163,7 +166,7 @@ class Engine:
                 raise OverloadedError("the server is at its admission limit; retry later")
             arrived = self._clock()
             for checked, channel in submissions:
-                self._inbox.append((checked.request, channel, arrived))
+                self._inbox.append((checked, channel, arrived))
             self._wake.notify()
 
     def abort(self, request_id: str) -> None:
@@ -202,6 +205,7 @@ class Engine:
                 self._fail(failed, f"the model step failed: {error}")
             return
         self._note_frame(result)
+        self._retire(result.failures)
         for sequence, record, lane in self._scheduler.commit(result.records):
             entry = self._requests.get(sequence.request_id)
             if entry is None:
@@ -215,6 +219,18 @@ class Engine:
                 # A prefill-only choice (echo with nothing to generate) ends with its prompt.
                 self._note_output(entry, sequence, 0)
                 self._deliver(entry, sequence, entry.choices[sequence.index].end())
+
+    def _retire(self, failures: tuple[LaneFailure, ...]) -> None:
+        """Fails the requests of the lanes the executor retired, each with its own message,
+        before the frame commits: their slots are free, so the commit passes their records
+        by, and the frame's other lanes go on."""
+        for failure in failures:
+            sequence = self._scheduler.sequence_in(failure.slot)
+            if sequence is None or sequence.epoch != failure.epoch:
+                continue
+            entry = self._requests.get(sequence.request_id)
+            if entry is not None:
+                self._fail(entry, failure.message, param=failure.param)
 
     def _note_admissions(self, plan: StepPlan) -> None:
         """Queue times of choices scheduled for the first time (a chunk at position 0)."""
@@ -337,11 +353,12 @@ class Engine:
             if isinstance(message, str):
                 self._abort(message)
                 continue
-            request, channel, arrived = message
-            self._admit(request, channel)
-            self._start_timelines(request, arrived)
+            checked, channel, arrived = message
+            self._admit(checked, channel)
+            self._start_timelines(checked.request, arrived)
 
-    def _admit(self, request: EngineRequest, channel: OutputChannel) -> None:
+    def _admit(self, checked: CheckedRequest, channel: OutputChannel) -> None:
+        request = checked.request
         if request.request_id in self._requests:
             channel.put(
                 RequestEnd(
@@ -388,7 +405,7 @@ class Engine:
             ChoiceEmission(index, params, self._tokenizer, logprobs=wants_logprobs, echo=echo)
             for index in range(request.n)
         ]
-        entry = _Request(request, channel, choices, sequences)
+        entry = _Request(request, channel, choices, sequences, grammar=checked.grammar)
         self._requests[request.request_id] = entry
         if sequences[0].needs_scoring:
             entry.deferred = sequences[1:]
@@ -413,18 +430,21 @@ class Engine:
                 self._finished(entry, sequence.index, "abort")
         self._close(entry)
 
-    def _fail(self, entry: _Request, message: str) -> None:
+    def _fail(self, entry: _Request, message: str, *, param: str | None = None) -> None:
+        """Ends the request with `message`; `param` marks the failure as its own input's."""
         entry.deferred = []
         for sequence, choice in zip(entry.sequences, entry.choices, strict=True):
             if not choice.finished:
                 self._scheduler.finish(sequence)
                 choice.abort("error")
                 self._finished(entry, sequence.index, "error")
-        self._close(entry, error=message)
+        self._close(entry, error=message, param=param)
 
-    def _close(self, entry: _Request, *, error: str | None = None) -> None:
+    def _close(
+        self, entry: _Request, *, error: str | None = None, param: str | None = None
+    ) -> None:
         self._requests.pop(entry.request.request_id, None)
-        entry.channel.put(RequestEnd(entry.usage(), error=error))
+        entry.channel.put(RequestEnd(entry.usage(), error=error, error_param=param))
 
 
 class EngineLoop:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from domain.errors import InvalidRequestError
 from domain.grammar import GrammarSpec
@@ -12,6 +13,9 @@ from domain.logprobs import LogprobOptions
 from domain.ranges import CHOICES, check_token_ids
 from domain.sampling import SamplingParams
 from domain.thinking import ThinkingBudget
+
+if TYPE_CHECKING:  # the domain names the port's type only
+    from ports.grammar import CompiledGrammar
 
 _SEED_MIX = 0x9E3779B97F4A7C15
 _SEED_MASK = (1 << 64) - 1
@@ -95,10 +99,16 @@ class EngineRequest:
 @dataclass(frozen=True, slots=True)
 class CheckedRequest:
     """A request its engine's `check` accepted; engines queue only these, so nothing is checked
-    twice and nothing unchecked is admitted. `issuer` is the engine that checked it."""
+    twice and nothing unchecked is admitted. `issuer` is the engine that checked it.
+
+    `grammar` is the compiled output constraint the check made (None without one); the engine
+    holds it for the request's lifetime, so that the compiler's cache cannot lose it between
+    admission and the steps that need it.
+    """
 
     request: EngineRequest
     issuer: object = field(compare=False, repr=False)
+    grammar: CompiledGrammar | None = field(default=None, compare=False, repr=False)
 
 
 def fresh_seed() -> int:

@@ -86,7 +86,13 @@ class Usage:
 
 @dataclass(frozen=True, slots=True)
 class RequestEnd:
-    """The last item of a request's channel; `error` is set when the request failed."""
+    """The last item of a request's channel; `error` is set when the request failed.
+
+    `error_param` (with `error`) names the request field whose value made the request fail
+    while it ran (its output constraint): the failure is the request's own bad input, a 400
+    when nothing was sent yet, not a server error.
+    """
 
     usage: Usage
     error: str | None = None
+    error_param: str | None = None

@@ -27,6 +27,10 @@ class ModelExecutor(Protocol):
     - A seeded lane samples the same token whatever else is in the batch.
     - A scored plan (only when the geometry declares scored capacities) also scores each lane's
       rows against their prompt targets; it advances the cache exactly as prefill does.
+    - A failure of one lane's own (its grammar breaks while it runs) retires that lane and
+      never raises: its record has role INVALID, emits nothing and finishes with ERROR, `read`
+      lists a `LaneFailure` for it whose message speaks of that lane only, and the other lanes
+      commit as if it were not there. `submit` raises only for what fails the whole step.
     """
 
     @property

@@ -24,8 +24,8 @@ from domain.logprobs import (
     sort_key,
 )
 from domain.prompt_scores import PromptScore
-from domain.records import CompletionRecord, Role
-from domain.step import ExecutorGeometry, FrameResult, SlotWork, StepPlan
+from domain.records import CompletionRecord, Finish, Role
+from domain.step import ExecutorGeometry, FrameResult, LaneFailure, SlotWork, StepPlan
 from domain.step_stats import SchedulerState, StepStats
 
 if TYPE_CHECKING:
@@ -98,6 +98,10 @@ def fake_prompt_score(
     return PromptScore(target, values[target], rank, _ranked(values, NATURAL_TOP_K))
 
 
+class _Retired(Exception):
+    """A lane's grammar broke: the fake retires the lane with this message."""
+
+
 class FakeExecutor:
     """Implements ModelExecutor over the fake model: commits records through the shared commit
     rule and reports logprob payloads and prompt scores like the real one.
@@ -106,6 +110,10 @@ class FakeExecutor:
     block is used by two live slots at once. `eos_after` makes every lane emit EOS once it has
     generated that many tokens. Reads report FAKE_POSITION_BYTES and FAKE_PROMPT_ROW_BYTES of
     payload for each position and scored row they carry.
+
+    A lane whose grammar refuses its tokens (a FakeGrammarCompiler `row_limit`) is retired as
+    the real executor retires it: an INVALID record that finishes with ERROR, and a
+    LaneFailure naming the constraint's field.
     """
 
     def __init__(
@@ -140,35 +148,25 @@ class FakeExecutor:
         records: list[CompletionRecord] = []
         payloads: list[tuple[PositionLogprobs, ...] | None] = []
         scores: list[tuple[PromptScore | None, ...]] = []
+        failures: list[LaneFailure] = []
         for work in plan.works:
             context = self._feed(work, scores if plan.scored else None)
-            if not work.sample:
-                records.append(
-                    CompletionRecord(
-                        work.slot, work.epoch, Role.PROMPT, first_position=work.end_position
-                    )
+            try:
+                record = self._record(work, context)
+            except _Retired as retired:
+                # As the real executor does: the lane emits nothing and its request fails.
+                record = CompletionRecord(
+                    work.slot,
+                    work.epoch,
+                    Role.INVALID,
+                    first_position=work.end_position,
+                    finish=Finish.ERROR,
                 )
-                payloads.append(None)
-                continue
-            if work.forced_token is not None:
-                records.append(self._forced(work))
-            elif work.speculative:
-                records.append(self._verify(work, context))
-            else:
-                emitted, finish, _ = commit_round(work, (self._sample(work, context),))
-                self._advance(work, emitted)
-                records.append(
-                    CompletionRecord(
-                        work.slot,
-                        work.epoch,
-                        Role.SAMPLE,
-                        emitted,
-                        work.end_position,
-                        finish=finish,
-                        generated_total=work.end_position - work.prompt_len + 1,
-                    )
-                )
-            payloads.append(self._payload(work, context, records[-1]))
+                param = work.grammar.param if work.grammar is not None else None
+                failures.append(LaneFailure(work.slot, work.epoch, str(retired), param))
+                self._matchers.pop(work.slot, None)
+            records.append(record)
+            payloads.append(self._payload(work, context, record) if record.emits else None)
         self._check_blocks(plan)
         positions = sum(len(payload) for payload in payloads if payload is not None)
         rows = sum(len(lane) for lane in scores)  # every fed row is copied, scored or not
@@ -178,8 +176,33 @@ class FakeExecutor:
             tuple(payloads) if any(p is not None for p in payloads) else (),
             tuple(scores),
             payload_bytes=positions * FAKE_POSITION_BYTES + rows * FAKE_PROMPT_ROW_BYTES,
+            failures=tuple(failures),
         )
         return frame
+
+    def _record(self, work: SlotWork, context: list[int]) -> CompletionRecord:
+        """The lane's record; raises _Retired when its grammar breaks."""
+        if work.grammar is not None:
+            self._catch_up(work)
+        if not work.sample:
+            return CompletionRecord(
+                work.slot, work.epoch, Role.PROMPT, first_position=work.end_position
+            )
+        if work.forced_token is not None:
+            return self._forced(work)
+        if work.speculative:
+            return self._verify(work, context)
+        emitted, finish, _ = commit_round(work, (self._sample(work, context),))
+        self._advance(work, emitted)
+        return CompletionRecord(
+            work.slot,
+            work.epoch,
+            Role.SAMPLE,
+            emitted,
+            work.end_position,
+            finish=finish,
+            generated_total=work.end_position - work.prompt_len + 1,
+        )
 
     def read(self, frame: int) -> FrameResult:
         return self._frames[frame]
@@ -206,8 +229,6 @@ class FakeExecutor:
         if scores is not None:
             scores.append(tuple(rows))
         self._tables[work.slot] = work.block_table
-        if work.grammar is not None:
-            self._catch_up(work)
         return context
 
     def _catch_up(self, work: SlotWork) -> None:
@@ -224,7 +245,7 @@ class FakeExecutor:
         fed = work.token_ids[: len(work.token_ids) - len(work.drafts)]
         unseen = fed[max(0, work.constrained_from + generated - work.start_position) :]
         if unseen and not matcher.accept(unseen):
-            raise AssertionError(f"slot {work.slot}: the grammar refused fed output {unseen}")
+            raise _Retired(f"the {work.grammar.kind.value} output constraint broke mid-output")
         self._matchers[work.slot] = (epoch, matcher, generated + len(unseen))
 
     def _advance(self, work: SlotWork, emitted: Sequence[int]) -> None:
@@ -232,7 +253,8 @@ class FakeExecutor:
             return
         epoch, matcher, generated = self._matchers[work.slot]
         if not matcher.accept(emitted):
-            raise AssertionError(f"slot {work.slot}: the grammar refused emitted {emitted}")
+            assert work.grammar is not None
+            raise _Retired(f"the {work.grammar.kind.value} output constraint broke mid-output")
         self._matchers[work.slot] = (epoch, matcher, generated + len(emitted))
 
     def _sample(self, work: SlotWork, context: Sequence[int]) -> int:
@@ -389,11 +411,17 @@ class FakeTokenizer:
 
 @dataclass
 class FakeChoiceMatcher:
-    """Implements GrammarMatcher over literal choices spelled in FakeTokenizer letters."""
+    """Implements GrammarMatcher over literal choices spelled in FakeTokenizer letters.
+
+    With a `row_limit` it breaks as llguidance does when a grammar outgrows one of its limits
+    mid-output: accepting a token past that many refuses it, and the matcher stays unusable.
+    """
 
     choices: tuple[str, ...]
     text: str = ""
     history: tuple[str, ...] = ()
+    row_limit: int | None = None
+    broken: bool = False
 
     @property
     def is_finished(self) -> bool:
@@ -408,7 +436,9 @@ class FakeChoiceMatcher:
 
     def accept(self, token_ids: Sequence[int]) -> bool:
         for token_id in token_ids:
-            if token_id not in self.allowed_token_ids():
+            if self.row_limit is not None and len(self.history) >= self.row_limit:
+                self.broken = True
+            if self.broken or token_id not in self.allowed_token_ids():
                 return False
             self.history += (self.text,)
             self.text += "" if token_id == FAKE_EOS else chr(ord("a") + token_id % 26)
@@ -422,24 +452,30 @@ class FakeChoiceMatcher:
 @dataclass(frozen=True)
 class FakeChoiceGrammar:
     choices: tuple[str, ...]
+    row_limit: int | None = None
 
     def matcher(self) -> FakeChoiceMatcher:
-        return FakeChoiceMatcher(self.choices)
+        return FakeChoiceMatcher(self.choices, row_limit=self.row_limit)
 
 
 class FakeGrammarCompiler:
     """Implements GrammarCompiler for FakeTokenizer: choices of lowercase words only; any other
-    spec is a 400 naming its field. `compiled` counts the compiles that reached it."""
+    spec is a 400 naming its field. `compiled` counts the compiles that reached it.
 
-    def __init__(self) -> None:
+    Choices longer than `row_limit` letters compile, as such a grammar passes admission, and
+    their matchers break after that many tokens (see FakeChoiceMatcher).
+    """
+
+    def __init__(self, row_limit: int | None = None) -> None:
         self.compiled = 0
+        self._row_limit = row_limit
 
     def compile(self, spec: GrammarSpec) -> FakeChoiceGrammar:
         self.compiled += 1
         choices = json.loads(spec.source) if spec.kind is GrammarKind.CHOICE else None
         if choices is None or not all(c.isalpha() and c.islower() for c in choices):
             raise InvalidRequestError("the fake compiles lowercase choices only", param=spec.param)
-        return FakeChoiceGrammar(tuple(choices))
+        return FakeChoiceGrammar(tuple(choices), self._row_limit)
 
 
 class RecordingObserver:

@@ -27,8 +27,8 @@ from adapters.grammar.lanes import GrammarLanes, RowMasks
 from adapters.grammar.llguidance_compiler import LlguidanceCompiler
 from domain.commit import commit_round, forced_round
 from domain.prompt_scores import PROMPT_ROW_WORDS
-from domain.records import CompletionRecord, Role
-from domain.step import ExecutorGeometry, FrameResult, SlotWork, StepPlan
+from domain.records import CompletionRecord, Finish, Role
+from domain.step import ExecutorGeometry, FrameResult, LaneFailure, SlotWork, StepPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +63,13 @@ class TorchExecutor:
     on a worker thread while the forward runs and applied to the sampler's scratch only; the
     reduction still reads the raw rows. Every tensor-parallel rank keeps its own matchers, in
     step because all commit rank 0's records, and applies its shard's words of each mask.
+
+    A lane whose grammar breaks while its request runs (while its masks are computed, or when
+    its matcher refuses what it emitted) is retired, never the step: its record emits nothing
+    and finishes with ERROR, `read` reports it in `FrameResult.failures` with its own message,
+    and the other lanes commit as if it were not there. Tensor-parallel ranks retire the same
+    lanes: a lane any rank retired is retired on every rank (one all-reduce of a flag per lane,
+    on steps with a constrained lane), so no matcher is left out of step.
 
     A lane with a forced token (`SlotWork.forced_token`) draws nothing: its row is not
     projected, no Philox noise is generated for it, and its record carries the token with the
@@ -117,6 +124,8 @@ class TorchExecutor:
                 geometry.scored_capacities, geometry.vocab_size, device, scorer
             )
         self._next_frame = 0
+        # Per frame: the lanes its submission retired.
+        self._failures: list[tuple[LaneFailure, ...]] = [(), ()]
 
     @property
     def geometry(self) -> ExecutorGeometry:
@@ -134,14 +143,16 @@ class TorchExecutor:
                 )
             self._penalties.observe(work)
         with torch.inference_mode():
-            sampled = self._forward(frame, plan)
-            records = self._commit(frame, plan, sampled)
+            sampled, failed = self._forward(frame, plan)
+            records = self._commit(frame, plan, sampled, failed)
             if sampled is not None:
                 self._reduce(frame, plan, sampled, records)
         return frame
 
     def read(self, frame: int) -> FrameResult:
         result = self._outputs.read(frame)
+        if self._failures[frame]:
+            result = dataclasses.replace(result, failures=self._failures[frame])
         if self._scores is None:
             return result
         scores = self._scores.read(frame)
@@ -153,7 +164,9 @@ class TorchExecutor:
             payload_bytes=result.payload_bytes + rows * PROMPT_ROW_WORDS * 4,
         )
 
-    def _forward(self, frame: int, plan: StepPlan) -> _Round | None:
+    def _forward(self, frame: int, plan: StepPlan) -> tuple[_Round | None, dict[int, str]]:
+        """The step's sampled round (None when no lane draws) and, by slot, the lanes whose
+        grammar broke while their masks were computed."""
         # Lanes with a forced token emit it without a draw: their rows are never projected,
         # sampled or reduced, yet their logprob requests are uploaded like any emitting lane's.
         sampling = _drawing(plan)
@@ -179,11 +192,12 @@ class TorchExecutor:
             lanes = [len(work.token_ids) for work in plan.works]
             self._scores.score(frame, hidden, targets, lanes, self._model.compute_logits)
         row_masks = masks.result() if masks is not None else None
+        failed = dict(row_masks.failed) if row_masks is not None else {}
         emitting = [work for work in plan.works if work.sample]
         if emitting:
             self._outputs.upload(frame, emitting)
         if not sampling:
-            return None
+            return None, failed
         ends = list(itertools.accumulate(batch.chunk_lengths))
         lane_drafts = iter(drafts)
         rows: list[int] = []
@@ -207,13 +221,14 @@ class TorchExecutor:
             )
         if not any(work.speculative for work in sampling):
             (chosen,) = self._agree(self._sampler.sample(logits, tensors))
-            return _Round(
+            plain = _Round(
                 raw_logits,
                 tuple(first_rows),
                 tuple(drafts),
                 tuple((t,) for t in chosen.tolist()),
                 (0,) * len(sampling),
             )
+            return plain, failed
         # A row's draft is the token fed after it; a lane's last row has none (-1).
         row_drafts = [draft for lane in drafts for draft in (*lane, -1)]
         keeps, chosen = self._agree(
@@ -224,7 +239,8 @@ class TorchExecutor:
                 None if q is None else _row_probs(q[:, start:stop], drafts, len(rows)),
             )
         )
-        return _verdicts(drafts, first_rows, raw_logits, keeps.tolist(), chosen.tolist())
+        verified = _verdicts(drafts, first_rows, raw_logits, keeps.tolist(), chosen.tolist())
+        return verified, failed
 
     def _agree(self, *outcome: torch.Tensor) -> list[torch.Tensor]:
         """The acceptance broadcast: every rank commits rank 0's verdicts and tokens ([R] each).
@@ -272,20 +288,41 @@ class TorchExecutor:
         made = iter(proposals.drafts)
         return [next(made) if work.propose else work.drafts for work in sampling], proposals.q
 
-    def _commit(self, frame: int, plan: StepPlan, sampled: _Round | None) -> list[CompletionRecord]:
+    def _commit(
+        self, frame: int, plan: StepPlan, sampled: _Round | None, failed: dict[int, str]
+    ) -> list[CompletionRecord]:
         """One record per lane, through the shared commit rule; accepted drafts join the
-        penalty counts."""
+        penalty counts. Lanes retired on any rank (`failed`: the grammar broke while masking;
+        or the matcher refuses what the lane emitted) get an ERROR record that emits nothing."""
         rounds = (
             iter(zip(sampled.drafts, sampled.sampled, sampled.accepted, strict=True))
             if sampled
             else None
         )
-        records = []
+        outcomes: list[tuple[tuple[int, ...], int, tuple[int, ...], Finish] | None] = []
         for work in plan.works:
+            if work.forced_token is not None or not work.sample or rounds is None:
+                outcomes.append(None)
+                continue
+            drafts, tokens, accepted = next(rounds)
+            emitted, finish, accepted = commit_round(work, tokens, accepted)
+            outcomes.append((drafts, accepted, emitted, finish))
+            if self._grammar is not None and work.slot not in failed:
+                broke = self._grammar.commit(work, emitted)
+                if broke is not None:
+                    failed[work.slot] = broke
+        retired = self._retired(plan, failed)
+        records, failures = [], []
+        for work, outcome in zip(plan.works, outcomes, strict=True):
+            if work.slot in retired:
+                records.append(_retired_record(work))
+                param = work.grammar.param if work.grammar is not None else None
+                failures.append(LaneFailure(work.slot, work.epoch, retired[work.slot], param))
+                continue
             if work.forced_token is not None:
                 records.append(_forced_record(work))
                 continue
-            if not work.sample or rounds is None:
+            if outcome is None:
                 records.append(
                     CompletionRecord(
                         slot=work.slot,
@@ -295,11 +332,8 @@ class TorchExecutor:
                     )
                 )
                 continue
-            drafts, tokens, accepted = next(rounds)
-            emitted, finish, accepted = commit_round(work, tokens, accepted)
+            drafts, accepted, emitted, finish = outcome
             self._penalties.accept(work, drafts[:accepted])
-            if self._grammar is not None:
-                self._grammar.commit(work, emitted)
             records.append(
                 CompletionRecord(
                     slot=work.slot,
@@ -314,7 +348,36 @@ class TorchExecutor:
                 )
             )
         self._outputs.commit(frame, records)
+        self._failures[frame] = tuple(failures)
         return records
+
+    def _retired(self, plan: StepPlan, failed: dict[int, str]) -> dict[int, str]:
+        """The lanes every rank retires, by slot, with this rank's message for each.
+
+        Tensor-parallel ranks all-reduce one flag per lane (the highest failing rank + 1), so a
+        lane that broke on any rank is retired on all of them and no matcher is left out of
+        step; rank 0 names a peer's failure without its text, which stays on that peer.
+        """
+        collectives = self._collectives
+        if collectives is None or not any(work.grammar is not None for work in plan.works):
+            return failed
+        rank = collectives.rank
+        flags = torch.tensor(
+            [rank + 1 if work.slot in failed else 0 for work in plan.works],
+            dtype=torch.int64,
+            device=self._device,
+        )
+        collectives.all_reduce(flags, "retired lanes", op="max")
+        retired = {}
+        for work, flag in zip(plan.works, flags.tolist(), strict=True):
+            if not flag:
+                continue
+            if work.slot not in failed and self._grammar is not None:
+                self._grammar.retire(work.slot)
+            retired[work.slot] = failed.get(work.slot) or (
+                f"the output constraint broke on tensor-parallel rank {flag - 1} while generating"
+            )
+        return retired
 
     def _reduce(
         self, frame: int, plan: StepPlan, sampled: _Round, records: list[CompletionRecord]
@@ -339,6 +402,17 @@ class TorchExecutor:
 def _drawing(plan: StepPlan) -> list[SlotWork]:
     """The lanes that draw a token this step: sampling lanes without a forced one."""
     return [work for work in plan.works if work.sample and work.forced_token is None]
+
+
+def _retired_record(work: SlotWork) -> CompletionRecord:
+    """A retired lane's record: it emits nothing and finishes with ERROR."""
+    return CompletionRecord(
+        slot=work.slot,
+        epoch=work.epoch,
+        role=Role.INVALID,
+        first_position=work.end_position,
+        finish=Finish.ERROR,
+    )
 
 
 def _forced_record(work: SlotWork) -> CompletionRecord:

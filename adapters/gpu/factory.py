@@ -226,9 +226,13 @@ class ExecutorRecipe:
         grammars: LlguidanceCompiler | None = None,
     ) -> TorchExecutor:
         """This rank's executor; `grammars` is rank 0's compiler (shared with the engine's
-        admission check), and other ranks build their own from the model's tokenizer."""
+        admission check), and other ranks build their own from the model's tokenizer.
+
+        A peer's compiles have no time bound: rank 0 admitted every grammar a plan carries
+        within its bound, so a peer that compiles slower only delays that step instead of
+        failing it (llguidance's own fuel limits bound the work)."""
         if grammars is None and self.structured_outputs:
-            grammars = LlguidanceCompiler(HfTokenizer.from_dir(self.model_dir))
+            grammars = LlguidanceCompiler(HfTokenizer.from_dir(self.model_dir), timeout_s=None)
         return build_executor(
             self.model_dir,
             self.settings,

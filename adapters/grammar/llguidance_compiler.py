@@ -8,6 +8,7 @@ import json
 import os
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -127,7 +128,10 @@ class LlguidanceCompiler:
     check and the executor; specs refused for what they are (invalid, over a limit at the first
     token, or a compile that on its own ran over `timeout_s`) are kept with their error in an
     LRU of `refused_size` and refused again at once. `build` replaces the llguidance compile
-    (tests slow it down).
+    (tests slow it down). `timeout_s` None bounds nothing: for a spec another compiler already
+    admitted (a tensor-parallel peer's). A grammar that left the LRU is still found while
+    anything holds it (an admitted request, a constrained lane), so it is never compiled twice
+    while in use.
     """
 
     def __init__(
@@ -135,7 +139,7 @@ class LlguidanceCompiler:
         tokenizer: Tokenizer,
         *,
         cache_size: int = CACHE_SIZE,
-        timeout_s: float = COMPILE_TIMEOUT_S,
+        timeout_s: float | None = COMPILE_TIMEOUT_S,
         limits: llguidance.LLParserLimits | None = None,
         max_compiles: int = MAX_COMPILES,
         refused_size: int = REFUSED_SIZE,
@@ -150,6 +154,9 @@ class LlguidanceCompiler:
             eos_token=sorted(tokenizer.eos_token_ids),
         )
         self._cache: OrderedDict[tuple[str, str], LlguidanceGrammar] = OrderedDict()
+        self._held: weakref.WeakValueDictionary[tuple[str, str], LlguidanceGrammar] = (
+            weakref.WeakValueDictionary()
+        )
         self._cache_size = cache_size
         self._refused: OrderedDict[tuple[str, str], InvalidRequestError] = OrderedDict()
         self._refused_size = refused_size
@@ -169,7 +176,7 @@ class LlguidanceCompiler:
     def compile(self, spec: GrammarSpec) -> LlguidanceGrammar:
         """The compiled grammar, from the cache, a compile under way, or a new compile; blocks
         at most `timeout_s` (a slot's wait included) and raises InvalidRequestError."""
-        deadline = time.monotonic() + self._timeout_s
+        deadline = time.monotonic() + (self._timeout_s if self._timeout_s is not None else 1e9)
         with self._lock:
             compiling = self._known(spec)
         if isinstance(compiling, LlguidanceGrammar):
@@ -199,9 +206,9 @@ class LlguidanceCompiler:
     def _known(self, spec: GrammarSpec) -> LlguidanceGrammar | Future[LlguidanceGrammar] | None:
         """Under the lock: the cached grammar or the compile under way; raises a remembered
         refusal."""
-        cached = self._cache.get(spec.key)
+        cached = self._cache.get(spec.key) or self._held.get(spec.key)
         if cached is not None:
-            self._cache.move_to_end(spec.key)
+            _remember(self._cache, spec.key, cached, self._cache_size)
             return cached
         refused = self._refused.get(spec.key)
         if refused is not None:
@@ -267,6 +274,7 @@ class LlguidanceCompiler:
             # A refusal remembered when a caller timed out stands.
             if compiled is not None and spec.key not in self._refused:
                 _remember(self._cache, spec.key, compiled, self._cache_size)
+                self._held[spec.key] = compiled
             if refused is not None:
                 _remember(self._refused, spec.key, refused, self._refused_size)
             self._compiling.pop(spec.key, None)
@@ -275,11 +283,12 @@ class LlguidanceCompiler:
 
     def _overran(self, elapsed: float) -> bool:
         # The slack absorbs the moments between a caller's call and its compile's start.
-        return elapsed >= self._timeout_s - _BUDGET_SLACK_S
+        return self._timeout_s is not None and elapsed >= self._timeout_s - _BUDGET_SLACK_S
 
     def _over_budget(self, spec: GrammarSpec) -> InvalidRequestError:
         return InvalidRequestError(
-            f"{_WHAT[spec.kind]} did not compile within {self._timeout_s:g} s", param=spec.param
+            f"{_WHAT[spec.kind]} did not compile within {self._timeout_s or 0:g} s",
+            param=spec.param,
         )
 
     def _build(self, spec: GrammarSpec) -> LlguidanceGrammar:

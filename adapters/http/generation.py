@@ -85,9 +85,15 @@ class Event:
 
 
 async def events(group: RequestGroup, n: int) -> AsyncIterator[Event]:
-    """Choice index = prompt index * n + choice index, as vLLM numbers batched prompts."""
+    """Choice index = prompt index * n + choice index, as vLLM numbers batched prompts.
+
+    A request that failed raises: a 400 naming the field when its own input failed while it
+    ran (`RequestEnd.error_param`), else a 500.
+    """
     async for prompt, item in group.items():
         if isinstance(item, RequestEnd):
+            if item.error is not None and item.error_param is not None:
+                raise InvalidRequestError(item.error, param=item.error_param)
             if item.error is not None:
                 raise RequestFailedError(item.error)
             yield Event(prompt, -1, end=item)

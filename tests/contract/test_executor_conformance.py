@@ -7,19 +7,21 @@ rely on cannot drift from the real thing.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
 
 from domain.capabilities import FULL_LOGPROBS
 from domain.commit import commit_round
+from domain.grammar import GrammarKind, GrammarSpec
 from domain.logprobs import NO_TOKEN, LogprobOptions, sort_key
 from domain.prompt_scores import prompt_targets
 from domain.records import Finish, Role
 from domain.sampling import SamplingParams
 from domain.step import ExecutorGeometry, SlotWork, StepPlan
 from ports.executor import ModelExecutor
-from tests.fakes import FakeExecutor
+from tests.fakes import FakeExecutor, FakeGrammarCompiler
 
 BLOCK = 4
 SCORED_CAPACITY = 32
@@ -253,3 +255,58 @@ def test_a_stop_token_among_accepted_drafts_counts_only_the_drafts_it_emits(exec
     record = result.records[0]
     assert (record.tokens, record.finish) == ((greedy[0],), Finish.STOP_TOKEN)
     assert (record.drafts_offered, record.drafts_accepted) == (2, 1)
+
+
+@pytest.fixture(scope="module", params=["fake", pytest.param("torch", marks=pytest.mark.model)])
+def breaking(request, tmp_path_factory) -> tuple[ModelExecutor, GrammarSpec]:
+    """An executor with a grammar engine, and a constraint that compiles but breaks at the
+    first token its lane emits."""
+    if request.param == "fake":
+        geometry = ExecutorGeometry(
+            capacity=8,
+            block_size=BLOCK,
+            num_blocks=64,
+            vocab_size=64,
+            max_model_len=128,
+            token_capacity=8,
+        )
+        spec = GrammarSpec(GrammarKind.CHOICE, json.dumps(["abc"]), "response_format")
+        return FakeExecutor(geometry, grammars=FakeGrammarCompiler(row_limit=0)), spec
+    from adapters.gpu.factory import RunnerSettings, build_executor
+    from adapters.grammar.llguidance_compiler import LlguidanceCompiler
+    from adapters.tokenizer.hf import HfTokenizer
+    from tests.support.tiny_serving import build_tiny_model_dir
+
+    model_dir = build_tiny_model_dir(tmp_path_factory.mktemp("conformance-grammar"))
+    settings = RunnerSettings(
+        device="cpu", max_num_seqs=8, max_model_len=128, kv_cache_bytes=4 << 20, block_size=BLOCK
+    )
+    tokenizer = HfTokenizer.from_dir(model_dir)
+    executor = build_executor(
+        model_dir, settings, tokenizer.vocab_size, grammars=LlguidanceCompiler(tokenizer)
+    )
+    # Three thousand alternatives in one rule: llguidance's row of 3001 items outgrows its
+    # limit of 2000 when the first token is taken.
+    alternatives = " | ".join(f'"w{index}"' for index in range(3000))
+    return executor, GrammarSpec(
+        GrammarKind.GRAMMAR, f"start: {alternatives}", "structured_outputs"
+    )
+
+
+def test_a_lane_whose_grammar_breaks_is_retired_and_its_neighbours_commit(breaking):
+    executor, spec = breaking
+    alone = run(executor, Lanes().work(3, prompt(21))).records[0]
+    lanes = Lanes()
+
+    result = run(
+        executor,
+        replace(lanes.work(0, prompt(20)), grammar=spec),
+        lanes.work(3, prompt(21)),
+    )
+
+    retired, neighbour = result.records
+    assert retired.role is Role.INVALID and retired.finish is Finish.ERROR
+    assert not retired.emits
+    (failure,) = result.failures
+    assert (failure.slot, failure.epoch, failure.param) == (0, 1, spec.param)
+    assert neighbour.role is Role.SAMPLE and neighbour.tokens == alone.tokens

@@ -126,3 +126,24 @@ async def chunk_times(
             else:
                 await asyncio.sleep(0.002)
     return times
+
+
+async def read_stream(
+    app: Any,
+    path: str,
+    *,
+    json: dict,
+    until: bytes = b"data: [DONE]",
+    timeout: float = 30.0,
+    max_chunks: int | None = None,
+) -> tuple[int, str]:
+    """`stream_post` inside a running loop, for tests that hold several streams at once."""
+    status, body = await _read(app, "POST", path, until, timeout, max_chunks, {"json": json})
+    return status, body.decode()
+
+
+async def post(app: Any, path: str, *, json: dict) -> tuple[int, Any]:
+    """A whole (non-streamed) POST inside a running loop: its status and JSON body."""
+    async with testing.ASGIConductor(app) as conductor:
+        result = await conductor.simulate_post(path, json=json)
+        return result.status_code, result.json

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from domain.engine import Engine
 from domain.engine_request import EngineRequest
 from domain.outputs import RequestEnd
@@ -10,10 +12,13 @@ from domain.outputs import RequestEnd
 MAX_STEPS = 10_000
 
 
-def drain(engine: Engine, requests: list[EngineRequest]) -> dict[str, list]:
+def drain(
+    engine: Engine, requests: list[EngineRequest], failing: Collection[str] = ()
+) -> dict[str, list]:
     """Submits every request, steps until idle, and returns each one's channel items.
 
-    Each request must have ended without an error, within MAX_STEPS steps.
+    Each request must have ended within MAX_STEPS steps: with an error exactly when its ID is
+    in `failing`.
     """
     channels = {r.request_id: engine.submit(r) for r in requests}
     for _ in range(MAX_STEPS):
@@ -26,6 +31,7 @@ def drain(engine: Engine, requests: list[EngineRequest]) -> dict[str, list]:
         items = []
         while (item := channel.get_nowait()) is not None:
             items.append(item)
-        assert isinstance(items[-1], RequestEnd) and items[-1].error is None, items[-1]
+        assert isinstance(items[-1], RequestEnd), items[-1]
+        assert (items[-1].error is not None) == (request_id in failing), (request_id, items[-1])
         found[request_id] = items
     return found

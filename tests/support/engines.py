@@ -23,10 +23,12 @@ def build_engine(
     max_model_len: int = 128,
     capability: LogprobCapability = FULL_LOGPROBS,
     speculative: SpeculativeConfig | None = None,
+    grammars: LlguidanceCompiler | None = None,
 ) -> tuple[Engine, HfTokenizer, list[StepPlan]]:
     """(engine, tokenizer, plans): `plans` grows by each plan the executor is given.
 
-    The defaults suit the tiny test models: chunked prefill within a 32-token budget.
+    The defaults suit the tiny test models: chunked prefill within a 32-token budget. The
+    engine and the executor share `grammars` (a fresh compiler by default).
     """
     tokenizer = HfTokenizer.from_dir(model_dir)
     settings = RunnerSettings(
@@ -37,7 +39,7 @@ def build_engine(
         block_size=block_size,
     )
     draft_dir = Path(speculative.model) if speculative and speculative.model else None
-    grammars = LlguidanceCompiler(tokenizer)
+    grammars = grammars or LlguidanceCompiler(tokenizer)
     executor = build_executor(
         model_dir,
         settings,

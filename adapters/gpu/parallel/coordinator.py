@@ -17,10 +17,12 @@ class CoordinatorExecutor:
     """Implements `ports.executor.ModelExecutor` for a tensor-parallel world, on rank 0.
 
     `submit` broadcasts the plan over the control group, then runs rank 0's executor, whose
-    exchanges every peer joins with the same plan. Any failure inside a step leaves the ranks
-    out of step, so it breaks the group for good: the step raises (its requests fail with the
-    message), every later step raises at once, `failure` says why, and `on_failure` hears it
-    once (the server uses it to report unhealthy and exit so that gunicorn restarts it).
+    exchanges every peer joins with the same plan. Any failure that escapes a step leaves the
+    ranks out of step, so it breaks the group for good: the step raises (its requests fail with
+    the message), every later step raises at once, `failure` says why, and `on_failure` hears it
+    once (the server uses it to report unhealthy and exit so that gunicorn restarts it). A lane's
+    own failure (a grammar that breaks while its request runs, on any rank) escapes nothing:
+    every rank retires that lane within the step, and the world goes on.
     """
 
     def __init__(
