@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from adapters.grammar.llguidance_compiler import LlguidanceCompiler
+from adapters.grammar.llguidance_compiler import LlguidanceCompiler, LlguidanceGrammar
 from adapters.tokenizer.hf import HfTokenizer
 from domain.channel import OutputChannel
 from domain.engine_request import EngineRequest
 from domain.grammar import GrammarKind, GrammarSpec
 from domain.outputs import ChoiceDelta, RequestEnd
 from domain.sampling import SamplingParams
+from tests.support.draining import MAX_STEPS
 from tests.support.engines import build_engine
 
 # Compiles after admission take longer than the compiler's time bound, as a loaded host's may.
@@ -23,19 +24,20 @@ TIMEOUT_S = 0.3
 
 
 class SlowAfterAdmission:
-    """Counts the compiler's builds; once `slow` is set, each build first sleeps SLOW_S."""
+    """The compiler's build (its `build=` seam): counts builds; once `slow` is set, each
+    build first sleeps SLOW_S."""
 
-    def __init__(self, compiler: LlguidanceCompiler) -> None:
+    def __init__(self) -> None:
         self.builds = 0
         self.slow = False
-        self._build = compiler._build  # noqa: SLF001 - the one seam into the compile pool
-        compiler._build = self  # type: ignore[method-assign]  # noqa: SLF001
+        self.compiler: LlguidanceCompiler | None = None
 
-    def __call__(self, spec: GrammarSpec):
+    def __call__(self, spec: GrammarSpec) -> LlguidanceGrammar:
+        assert self.compiler is not None
         self.builds += 1
         if self.slow:
             time.sleep(SLOW_S)
-        return self._build(spec)
+        return self.compiler._build(spec)  # noqa: SLF001 - the real llguidance compile
 
 
 @pytest.mark.model
@@ -43,10 +45,11 @@ def test_grammars_evicted_from_the_cache_after_admission_are_not_compiled_again(
     tiny_model_dir: Path,
 ):
     # A one-entry cache: each admission evicts the grammar admitted before it.
+    spy = SlowAfterAdmission()
     compiler = LlguidanceCompiler(
-        HfTokenizer.from_dir(tiny_model_dir), cache_size=1, timeout_s=TIMEOUT_S
+        HfTokenizer.from_dir(tiny_model_dir), cache_size=1, timeout_s=TIMEOUT_S, build=spy
     )
-    spy = SlowAfterAdmission(compiler)
+    spy.compiler = compiler
     engine, tokenizer, _ = build_engine(tiny_model_dir, grammars=compiler)
     prompt = tuple(tokenizer.encode("the quick brown fox", add_special_tokens=False))
     params = SamplingParams(temperature=0.0, max_tokens=8)
@@ -60,8 +63,11 @@ def test_grammars_evicted_from_the_cache_after_admission_are_not_compiled_again(
     spy.slow = True
 
     engine.submit_all(list(zip(checked, channels, strict=True)))
-    while engine.has_work():
+    for _ in range(MAX_STEPS):
+        if not engine.has_work():
+            break
         engine.step()
+    assert not engine.has_work()
 
     assert spy.builds == len(patterns)
     for channel in channels:
