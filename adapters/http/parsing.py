@@ -218,7 +218,7 @@ def _message(raw: Any) -> dict:
     """A message as the chat template sees it: role and text content.
 
     As in OpenAI's API, only an assistant message that carries `tool_calls` may leave `content`
-    out or null. Tool calls are not served, so the template never sees them.
+    out or null. The template sees such a message with empty content, never its calls.
     """
     if not isinstance(raw, dict) or raw.get("role") not in _ROLES:
         raise InvalidRequestError(
