@@ -139,7 +139,9 @@ def test_speculation_changes_no_greedy_token_on_smollm2(plain, speculative):
         assert tokens(found[name]) == tokens(items), name
     assert acceptance.accepted > 50, (acceptance.offered, acceptance.accepted)
     if method == "draft_model":
-        assert acceptance.accepted == acceptance.offered  # a draft equal to the target
+        # A draft equal to the target stands wherever it is emitted: only drafts after a
+        # choice's terminating token, at most 4 in its last round, are offered but not counted.
+        assert 0 <= acceptance.offered - acceptance.accepted <= 4 * len(plain)
 
 
 def test_values_stay_within_1e_5_and_top_20_ids_agree_but_for_near_ties(plain, speculative):
