@@ -3,7 +3,20 @@
 from __future__ import annotations
 
 import codecs
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+
+class TokenSpelling(Protocol):
+    """What decoding needs of a tokenizer (the `ports.tokenizer.Tokenizer` has it all)."""
+
+    def token_bytes(self, token_id: int) -> bytes: ...
+
+    @property
+    def special_token_ids(self) -> frozenset[int]: ...
+
+    @property
+    def strips_leading_space(self) -> bool: ...
 
 
 def _continues(pending: bytes, byte: int) -> bool:
@@ -198,3 +211,20 @@ class IncrementalDetokenizer:
     def settled(self) -> int:
         """The number of leading tokens whose offsets are final."""
         return len(self._offsets) if self._provisional is None else self._provisional
+
+
+def decode_whole(
+    tokenizer: TokenSpelling, token_ids: Sequence[int], *, skip_special_tokens: bool
+) -> IncrementalDetokenizer:
+    """A flushed decoder over `token_ids`: text shown for whole token sequences (an echoed
+    token-ID prompt) comes from here, so its `text` and `offsets` agree by construction."""
+    decoder = IncrementalDetokenizer(
+        tokenizer.token_bytes,
+        special_token_ids=tokenizer.special_token_ids,
+        skip_special_tokens=skip_special_tokens,
+        strip_leading_space=tokenizer.strips_leading_space,
+    )
+    for token_id in token_ids:
+        decoder.push(token_id)
+    decoder.flush()
+    return decoder

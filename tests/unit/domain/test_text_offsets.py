@@ -16,6 +16,7 @@ from domain.parsers.hermes import TOOL_CALL_END, TOOL_CALL_START, parse_call
 from domain.parsers.parsed import ParserConfig, choice_parser
 from domain.records import CompletionRecord, Finish, Role
 from domain.sampling import SamplingParams
+from tests.support.text_offsets import char_index, character_starts
 
 EMOJI = "\U0001f600".encode()  # F0 9F 98 80
 CJK = "\u4e2d".encode()  # E4 B8 AD
@@ -145,16 +146,6 @@ def _merged(deltas: list[ChoiceDelta]) -> ChoiceDelta:
     return whole
 
 
-def _char_index(data: bytes, position: int) -> int:
-    """Index, in the whole decode of `data`, of the character holding byte `position` (the
-    text's length at the end): a cut at a character boundary decodes into two halves whose
-    lengths add up to the whole, a cut inside one renders it as extra replacements."""
-    before = len(data[:position].decode("utf-8", errors="replace"))
-    after = len(data[position:].decode("utf-8", errors="replace"))
-    whole = len(data.decode("utf-8", errors="replace"))
-    return before if before + after == whole else before - 1
-
-
 def _expected_offsets(case: Case, kept: tuple[int, ...]) -> tuple[bytes, list[int]]:
     """The decoded bytes, and the offset by the rule of each kept token that adds them (all
     but a terminating stop token whose text is not included)."""
@@ -169,7 +160,7 @@ def _expected_offsets(case: Case, kept: tuple[int, ...]) -> tuple[bytes, list[in
     offsets, position = [], 0
     for piece in pieces:
         # A token with no bytes lands where the next byte does, or at the end.
-        offsets.append(_char_index(data, position))
+        offsets.append(char_index(data, position))
         position += len(piece)
     return data, offsets
 
@@ -226,20 +217,11 @@ def test_offsets_index_the_final_text_under_split_and_invalid_utf8(case: Case) -
             for t, _ in entries
         )
         assert spelled == data
-        starts = _character_starts(data)
+        starts = character_starts(data)
         bounds = [*offsets, len(text)]
         for (token_id, _), start, end in zip(entries, bounds, bounds[1:], strict=False):
             piece = data[starts[start] : starts[end]].decode("utf-8", errors="replace")
             assert text[start:end] == piece, token_id
-
-
-def _character_starts(data: bytes) -> list[int]:
-    """The byte where each character of the whole decode starts, then the length."""
-    return [
-        p
-        for p in range(len(data) + 1)
-        if p == len(data) or _char_index(data, p) == len(data[:p].decode("utf-8", errors="replace"))
-    ]
 
 
 # --- parser attribution --------------------------------------------------------------------
