@@ -167,6 +167,11 @@ def _expected_offsets(case: Case, kept: tuple[int, ...]) -> tuple[bytes, list[in
 
 @settings(max_examples=300, deadline=None)
 @given(cases())
+# A stop string that ends inside a token: the token completing U+4E2D starts an emoji.
+@example(Case((2, 8, 17, 13, 14), (2,), False, ("\u4e2d",), False, True, False))
+@example(Case((2, 8, 17, 13, 14), (2,), False, ("\u4e2d",), True, True, True))
+# An included stop token whose text breaks a held prefix into the U+FFFD stop string.
+@example(Case((2, 24, 0), (), True, ("\ufffd",), True, False, False))
 def test_offsets_index_the_final_text_under_split_and_invalid_utf8(case: Case) -> None:
     whole = _merged(_run(case, []))
     streamed = _merged(_run(case, list(case.cuts)))
