@@ -3,7 +3,20 @@
 from __future__ import annotations
 
 import codecs
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+
+class TokenSpelling(Protocol):
+    """What decoding needs of a tokenizer (the `ports.tokenizer.Tokenizer` has it all)."""
+
+    def token_bytes(self, token_id: int) -> bytes: ...
+
+    @property
+    def special_token_ids(self) -> frozenset[int]: ...
+
+    @property
+    def strips_leading_space(self) -> bool: ...
 
 
 def _continues(pending: bytes, byte: int) -> bool:
@@ -53,6 +66,7 @@ class IncrementalDetokenizer:
         "_pieces",
         "_length",
         "_offsets",
+        "_provisional",
         "_at_start",
         "_finished",
     )
@@ -81,6 +95,9 @@ class IncrementalDetokenizer:
         self._pieces: list[str] = []
         self._length = 0
         self._offsets: list[int] = []
+        # Index of the first token with no bytes pushed while a character is held: where it
+        # lands depends on the next byte (in that character, or after its U+FFFD).
+        self._provisional: int | None = None
         # True until the first character is released: only that one may be a stripped space.
         self._at_start = True
         self._finished = False
@@ -94,14 +111,21 @@ class IncrementalDetokenizer:
         else:
             piece = self._token_bytes(token_id)
         pending = self._pending
-        if pending and piece and not _continues(pending, piece[0]):
+        if not piece:
+            # A token with no bytes lands where the next byte does; while a character is held
+            # that is not known yet, so it points at the held character until it is.
+            if pending and self._provisional is None:
+                self._provisional = len(self._offsets)
+            self._offsets.append(self._length)
+            return ""
+        if pending and not _continues(pending, piece[0]):
             # The held prefix is a maximal invalid subpart now, rendered as exactly one U+FFFD
-            # ahead of this token's first character.
+            # ahead of this token's first character, and so ahead of every token waiting on it.
+            self._settle(self._length + 1)
             self._offsets.append(self._length + 1)
         else:
+            self._settle(self._length)
             self._offsets.append(self._length)
-        if not piece:
-            return ""
         data = pending + piece if pending else piece
         text, consumed = codecs.utf_8_decode(data, "replace", False)
         rest = data[consumed:]
@@ -118,9 +142,19 @@ class IncrementalDetokenizer:
         self._finished = True
         if not self._pending:
             return ""
+        # The held character becomes one U+FFFD; tokens waiting on it land after it.
+        self._settle(self._length + 1)
         text, _ = codecs.utf_8_decode(self._pending, "replace", True)
         self._pending = b""
         return self._release(text)
+
+    def _settle(self, offset: int) -> None:
+        """Gives the tokens with no bytes that wait on the next byte the offset it lands at."""
+        if self._provisional is None:
+            return
+        for index in range(self._provisional, len(self._offsets)):
+            self._offsets[index] = offset
+        self._provisional = None
 
     def _release(self, text: str) -> str:
         if not text:
@@ -162,7 +196,9 @@ class IncrementalDetokenizer:
         """Character index in ``text`` where token ``index``'s first byte lands.
 
         A token that continues a character begun earlier points at that character; a token
-        that adds no bytes points at the end of the text released before it.
+        that adds no bytes lands where the next byte does (the end of the text if none comes).
+        Tokens from ``settled`` on have provisional offsets: each points at the held character
+        and moves one past it if that character ends up a U+FFFD without them.
         """
         return self._offsets[index]
 
@@ -170,3 +206,25 @@ class IncrementalDetokenizer:
     def offsets(self) -> tuple[int, ...]:
         """``offset(i)`` for every token pushed so far (a copy)."""
         return tuple(self._offsets)
+
+    @property
+    def settled(self) -> int:
+        """The number of leading tokens whose offsets are final."""
+        return len(self._offsets) if self._provisional is None else self._provisional
+
+
+def decode_whole(
+    tokenizer: TokenSpelling, token_ids: Sequence[int], *, skip_special_tokens: bool
+) -> IncrementalDetokenizer:
+    """A flushed decoder over `token_ids`: text shown for whole token sequences (an echoed
+    token-ID prompt) comes from here, so its `text` and `offsets` agree by construction."""
+    decoder = IncrementalDetokenizer(
+        tokenizer.token_bytes,
+        special_token_ids=tokenizer.special_token_ids,
+        skip_special_tokens=skip_special_tokens,
+        strip_leading_space=tokenizer.strips_leading_space,
+    )
+    for token_id in token_ids:
+        decoder.push(token_id)
+    decoder.flush()
+    return decoder

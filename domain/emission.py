@@ -35,6 +35,9 @@ class ChoiceEmission:
       the text: echo arrays are indexed by position (prompt entries, then completion tokens).
     - Entries are released with their token's first character (text held back while a stop may
       be forming holds its entries too), so streamed entries concatenate to the whole result.
+    - Offsets follow contracts/api.md, "Text offsets": the character of the final text that
+      holds the token's first byte (a token with no bytes: the next byte's), never past the end
+      of the text. They are read from the decoder when released, once it has settled them.
     """
 
     def __init__(
@@ -61,8 +64,12 @@ class ChoiceEmission:
             params.stop, include_stop_str_in_output=params.include_stop_str_in_output
         )
         self._released = 0
-        self._pending: deque[LogprobEntry] = deque()
-        # The text offsets of the tokens kept by the record being consumed.
+        # Entries waiting for their text: (the token's index in the decoder, its logprobs). The
+        # offset is read when the entry is released, once the decoder has settled it.
+        self._pending: deque[tuple[int, PositionLogprobs]] = deque()
+        # Decoder tokens whose text offsets have been handed out in `text_offsets`.
+        self._offsets_sent = 0
+        # The text offsets handed out by the record being consumed.
         self._offsets: list[int] = []
         self.finished = False
         self.num_tokens = 0
@@ -110,6 +117,9 @@ class ChoiceEmission:
                 if pushed:
                     text.append(self._push(token_id, entry))
                     entry = None
+                    if self._matcher.stop is not None:
+                        # Its text (or the U+FFFD it turns held bytes into) completed a stop.
+                        return self._end(text, kept, "stop", self._matcher.stop, drain=False)
                 return self._end(
                     text,
                     kept,
@@ -124,23 +134,35 @@ class ChoiceEmission:
         if finish is Finish.LENGTH:
             return self._end(text, kept, "length", None)
         self.num_tokens += len(kept)
+        entries = self._release()
+        self._send_offsets()
         return ChoiceDelta(
             self._index,
             "".join(text),
             tuple(kept),
-            logprobs=self._release(),
+            logprobs=entries,
             text_offsets=tuple(self._offsets),
         )
 
     def _push(self, token_id: int, position: PositionLogprobs | None) -> str:
-        """Decodes one token, noting its text offset (and queueing its entry there), and
-        passes its text through the stops."""
+        """Decodes one token (queueing its entry) and passes its text through the stops."""
         new_text = self._decoder.push(token_id)
-        offset = self._decoder.offset(self._decoder.num_tokens - 1)
-        self._offsets.append(offset)
         if position is not None:
-            self._pending.append(LogprobEntry(position, offset))
+            self._pending.append((self._decoder.num_tokens - 1, position))
         return self._feed(new_text)
+
+    def _send_offsets(self, *, final: bool = False) -> None:
+        """Hands out, in order, the text offsets of the decoder's tokens whose first character
+        is released, as their entries are; a token with no bytes waits until the byte after it
+        settles where it lands. At the end the rest follow, none past the end of the text."""
+        decoder = self._decoder
+        upto = decoder.num_tokens if final else decoder.settled
+        while self._offsets_sent < upto:
+            offset = decoder.offset(self._offsets_sent)
+            if not final and offset >= self._released:
+                break
+            self._offsets.append(min(offset, self._released))
+            self._offsets_sent += 1
 
     def _feed(self, new_text: str) -> str:
         """Passes decoded text through the stops; returns what they release."""
@@ -149,9 +171,13 @@ class ChoiceEmission:
         return released
 
     def _release(self, *, everything: bool = False) -> tuple[LogprobEntry, ...]:
+        """Entries whose token's first byte lands in released text (a provisional offset
+        points at a held character, never released text)."""
         entries = []
-        while self._pending and (everything or self._pending[0].text_offset < self._released):
-            entries.append(self._pending.popleft())
+        offset = self._decoder.offset
+        while self._pending and (everything or offset(self._pending[0][0]) < self._released):
+            index, position = self._pending.popleft()
+            entries.append(LogprobEntry(position, offset(index)))
         return tuple(entries)
 
     def _stop_reason(self, token_id: int) -> int | None:
@@ -180,12 +206,13 @@ class ChoiceEmission:
                 tail = self._matcher.finish()
                 self._released += len(tail)
                 text.append(tail)
+        self._send_offsets(final=True)
         if textless:
             self._offsets.append(self._released)
-        if last is not None:
-            self._pending.append(LogprobEntry(last, self._released))
         # After a stop string only tokens that start before it keep entries; otherwise all do.
         entries = self._release(everything=self._echo or self._matcher.stop is None)
+        if last is not None:
+            entries += (LogprobEntry(last, self._released),)
         if self._echo:
             entries = tuple(_at_most(entry, self._released) for entry in entries)
         self._pending.clear()

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from domain.detokenizer import IncrementalDetokenizer
+from domain.detokenizer import decode_whole
 from domain.logprobs import LogprobOptions, TokenLogprob, wire_logprob
 from domain.outputs import LogprobEntry
 from domain.prompt_scores import PromptScore
@@ -106,29 +106,14 @@ def chat_logprobs(
 def prompt_offsets(token_ids: Sequence[int], tokenizer: Tokenizer, text: str) -> list[int]:
     """Character offset of each prompt token in the echoed prompt `text`.
 
-    A token-ID prompt echoes its decoding with special tokens kept; a text prompt echoes the
-    request's string, which holds no text for a BOS the tokenizer added, so special tokens are
-    skipped when keeping them would not reproduce `text`.
+    A token-ID prompt echoes the server decoder's text with special tokens kept; a text prompt
+    echoes the request's string, which holds no text for a BOS the tokenizer added, so special
+    tokens are skipped when keeping them would not reproduce `text`.
     """
-    offsets, decoded = _decoded_offsets(token_ids, tokenizer, skip_special_tokens=False)
-    if decoded != text:
-        offsets, _ = _decoded_offsets(token_ids, tokenizer, skip_special_tokens=True)
-    return offsets
-
-
-def _decoded_offsets(
-    token_ids: Sequence[int], tokenizer: Tokenizer, *, skip_special_tokens: bool
-) -> tuple[list[int], str]:
-    decoder = IncrementalDetokenizer(
-        tokenizer.token_bytes,
-        special_token_ids=tokenizer.special_token_ids,
-        skip_special_tokens=skip_special_tokens,
-        strip_leading_space=tokenizer.strips_leading_space,
-    )
-    for token_id in token_ids:
-        decoder.push(token_id)
-    decoder.flush()
-    return list(decoder.offsets), decoder.text
+    decoder = decode_whole(tokenizer, token_ids, skip_special_tokens=False)
+    if decoder.text != text:
+        decoder = decode_whole(tokenizer, token_ids, skip_special_tokens=True)
+    return list(decoder.offsets)
 
 
 def _check_scores(token_ids: Sequence[int], scores: Sequence[PromptScore]) -> None:

@@ -20,9 +20,10 @@ class LogprobEntry:
 class ChoiceDelta:
     """New text and tokens of one choice; `finish_reason` is set on its last delta only.
 
-    `text_offsets`, when set, has one entry per token of `token_ids`: the character offset in
-    the choice's text where that token's first character lands (the end of the text so far
-    for a token with no text of its own). Unlike entries' offsets, every token has one, so
+    `text_offsets` are the text offsets of the choice's tokens, in order, each released with
+    its token's first character as entries are (contracts/api.md, "Text offsets"): over all of
+    a choice's deltas there is one per token of `token_ids`, but one delta's offsets may
+    belong to tokens of an earlier delta. Unlike entries' offsets, every token has one, so
     parsers can attribute tokens to parts without logprobs.
     """
 

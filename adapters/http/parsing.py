@@ -21,6 +21,7 @@ from adapters.http.fields import (
     read_text_parts,
 )
 from domain.api_request import ApiRequest, Prompt, StreamOptions
+from domain.detokenizer import decode_whole
 from domain.errors import InvalidRequestError
 from domain.logprob_rules import LogprobAsk
 from domain.ranges import COMPLETION_MAX_TOKENS, TOKEN_BUDGET, check_token_ids
@@ -37,6 +38,14 @@ class _Tokenizer(Protocol):
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
 
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str: ...
+
+    def token_bytes(self, token_id: int) -> bytes: ...
+
+    @property
+    def special_token_ids(self) -> frozenset[int]: ...
+
+    @property
+    def strips_leading_space(self) -> bool: ...
 
     def apply_chat_template(
         self, messages: Sequence[Mapping[str, object]], *, add_generation_prompt: bool = True
@@ -205,7 +214,11 @@ def _text_prompt(text: str, tokenizer: _Tokenizer) -> Prompt:
 
 def _token_prompt(token_ids: list[int], tokenizer: _Tokenizer) -> Prompt:
     check_token_ids(token_ids, tokenizer.vocab_size, "prompt")
-    return Prompt(tuple(token_ids), tokenizer.decode(token_ids, skip_special_tokens=False))
+    # Echoed as the server's decoder shows text (contracts/api.md, "Text offsets"): a
+    # byte-fallback decoder would turn a run of byte pieces holding any invalid byte into one
+    # U+FFFD per byte, valid characters included, which the echoed offsets cannot index.
+    text = decode_whole(tokenizer, token_ids, skip_special_tokens=False).text
+    return Prompt(tuple(token_ids), text)
 
 
 def _messages(raw: Any) -> list[dict]:

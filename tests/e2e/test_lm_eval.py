@@ -14,6 +14,7 @@ import pytest
 
 from tests.e2e.conftest import MAX_MODEL_LEN, RunningServer, running_server
 from tests.support.lm_eval import (
+    ATOL,
     Expected,
     Reference,
     assert_loglikelihoods,
@@ -136,3 +137,39 @@ def test_local_completions_loglikelihoods_equal_transformers_float64_scores(
     results = model.loglikelihood(instances(expected), disable_tqdm=True)
 
     assert_loglikelihoods(results, expected)
+
+
+# Characters the tiny tokenizer never merged: each is several byte tokens, so the scored
+# continuations hold characters split across tokens.
+MULTI_TOKEN_PAIRS = (
+    ("the quick brown fox", " \U0001f98a\u9f8d"),
+    ("every request gets its own", " \u732b\U0001f431 slot"),
+    ("\u65e5\u672c\u8a9e", " \u9f8d\u306e\U0001f409"),
+)
+
+
+def test_loglikelihoods_over_split_emoji_and_cjk_equal_lm_eval_hf_backend(
+    scoring_server: RunningServer, model_dir: Path, reference: Reference
+):
+    from lm_eval.models.huggingface import HFLM
+
+    for context, continuation in MULTI_TOKEN_PAIRS:
+        _, continuation_ids = reference.split(context, continuation)
+        alone = [reference.decode([token_id]) for token_id in continuation_ids]
+        assert any("\ufffd" in text for text in alone), f"{continuation!r} is not split: {alone}"
+    cases = [Expected(c, t, 0.0, False) for c, t in MULTI_TOKEN_PAIRS]
+    local = HFLM(pretrained=str(model_dir), device="cpu", dtype="float32", batch_size=1)
+    wanted = local.loglikelihood(instances(cases), disable_tqdm=True)
+
+    for tokenized in (True, False):
+        served = local_completions(
+            scoring_server.base_url,
+            SERVED_NAME,
+            model_dir,
+            MAX_MODEL_LEN,
+            tokenized_requests=tokenized,
+        )
+        results = served.loglikelihood(instances(cases), disable_tqdm=True)
+        assert len(results) == len(wanted)
+        for (logprob, greedy), (hf_logprob, hf_greedy) in zip(results, wanted, strict=True):
+            assert abs(logprob - hf_logprob) <= ATOL and greedy is hf_greedy

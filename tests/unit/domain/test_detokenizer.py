@@ -205,6 +205,28 @@ def test_empty_piece_points_at_the_end_of_released_text() -> None:
     assert detokenizer.offset(4) == 2
 
 
+def test_a_token_with_no_bytes_lands_where_the_next_byte_does() -> None:
+    # 0: a held prefix, 1: a skipped special token, 2: a byte that breaks the prefix.
+    table = {0: CJK[:2], 1: b"<s>", 2: b"y", 3: b"\xc3"}
+    broken = _detokenizer(table, special_token_ids=frozenset({1}))
+    _push_all(broken, [0, 1, 2])
+    assert broken.text == "\ufffdy"
+    # The special token sits before "y", after the replacement its neighbour's bytes make.
+    assert broken.offsets == (0, 1, 1)
+
+    continued = _detokenizer({0: CJK[:1], 1: b"<s>", 2: CJK[1:]}, special_token_ids=frozenset({1}))
+    _push_all(continued, [0, 1, 2])
+    assert continued.offsets == (0, 0, 0)
+
+    flushed = _detokenizer(table, special_token_ids=frozenset({1}))
+    _push_all(flushed, [3, 1])
+    assert flushed.settled == 1
+    flushed.flush()
+    assert flushed.text == "\ufffd"
+    assert flushed.offsets == (0, 1)
+    assert flushed.settled == 2
+
+
 def test_construction_rejects_bad_options() -> None:
     with pytest.raises(TypeError):
         IncrementalDetokenizer(b"ab")  # type: ignore[arg-type]
@@ -229,22 +251,6 @@ def _char_index(data: bytes, position: int) -> int:
     after = len(data[position:].decode("utf-8", errors="replace"))
     whole = len(data.decode("utf-8", errors="replace"))
     return before if before + after == whole else before - 1
-
-
-def _ends_with_incomplete_character(data: bytes) -> bool:
-    for size in range(1, min(3, len(data)) + 1):
-        try:
-            data[-size:].decode("utf-8")
-        except UnicodeDecodeError as error:
-            if error.start == 0 and error.reason == "unexpected end of data":
-                return True
-    return False
-
-
-def _released_length(data: bytes) -> int:
-    """Characters of ``data`` already final: all but a trailing incomplete character."""
-    length = len(data.decode("utf-8", errors="replace"))
-    return length - 1 if _ends_with_incomplete_character(data) else length
 
 
 def _check_against_whole_decode(
@@ -284,8 +290,8 @@ def _check_against_whole_decode(
     for index, token_id in enumerate(token_ids):
         skipped = skip_special_tokens and token_id in special
         piece = b"" if skipped else pieces[token_id]
-        # A piece with bytes lands where its first byte does; an empty one at the text's end.
-        wanted = _char_index(data, position) if piece else _released_length(data[:position])
+        # A piece lands where its first byte does; an empty one where the next byte does.
+        wanted = _char_index(data, position)
         if stripped:
             wanted = max(0, wanted - 1)
         assert offsets[index] == wanted, (index, token_id)

@@ -217,3 +217,18 @@ def test_minus_infinity_goes_on_the_wire_as_minus_9999():
 
     assert wire["token_logprobs"] == [-9999.0]
     assert wire["top_logprobs"] == [{"ab": -9999.0, "c": -1.5}]
+
+
+def test_an_included_stop_token_that_completes_a_stop_string_ends_the_choice_there():
+    # The stop token's "c" breaks the held euro prefix into U+FFFD, which is the stop string.
+    deltas = run(
+        [1, 3, 2],
+        Finish.STOP_TOKEN,
+        stop=("\ufffd",),
+        stop_token_ids=(2,),
+        include_stop_str_in_output=True,
+    )
+
+    assert "".join(d.text for d in deltas) == "ab\ufffd"
+    assert deltas[-1].finish_reason == "stop" and deltas[-1].stop_reason == "\ufffd"
+    assert entries(deltas) == [(1, 0), (3, 2)]

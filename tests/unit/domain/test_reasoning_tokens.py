@@ -74,7 +74,8 @@ def test_every_emitted_token_gets_its_first_character_offset_without_logprobs():
     # "é" arrives as two byte tokens: the second points at the character the first began.
     raw, _ = emit(["ab", b"\xc3", b"\xa9", "c"], DEEPSEEK, groups=[2, 2])
 
-    assert [d.text_offsets for d in raw] == [(0, 2), (2, 3)]
+    # Offsets go out with their token's first character: the held byte's waits for "é".
+    assert [d.text_offsets for d in raw] == [(0,), (2, 2, 3)]
     assert "".join(d.text for d in raw) == "ab\xe9c"
     assert all(d.logprobs == () for d in raw)
 
