@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from domain.errors import InvalidRequestError
 from domain.logprobs import MAX_SELECTED_IDS, NATURAL_TOP_K, LogprobOptions
 from domain.ranges import TOKEN_ID, check_logprob_count
+from domain.response_objects import OUTPUT_TEXT_LOGPROBS
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,31 @@ class LogprobAsk:
 
 
 NO_LOGPROBS_ASKED = LogprobAsk()
+
+
+def responses_include(include: Sequence[str]) -> bool:
+    """Whether a Responses `include` asks for logprobs; any value but the output text's
+    logprobs is a 400 [`include`]."""
+    other = [value for value in include if value != OUTPUT_TEXT_LOGPROBS]
+    if other:
+        raise InvalidRequestError(
+            f"`include` value {other[0]!r} is not served; only {OUTPUT_TEXT_LOGPROBS!r} is",
+            param="include",
+        )
+    return bool(include)
+
+
+def responses_logprob_ask(
+    wanted: bool, count: int | None, token_ids: tuple[int, ...] | None
+) -> LogprobAsk:
+    """A Responses request's logprob fields as a LogprobAsk: `top_logprobs` and
+    `logprob_token_ids` asked for without `include` are a 400 naming the field."""
+    for name, asked in (("top_logprobs", count), ("logprob_token_ids", token_ids)):
+        if asked and not wanted:
+            raise InvalidRequestError(
+                f"`{name}` needs `include: [{OUTPUT_TEXT_LOGPROBS!r}]`", param=name
+            )
+    return LogprobAsk(wanted=wanted, count=count, count_param="top_logprobs", token_ids=token_ids)
 
 
 @dataclass(frozen=True, slots=True)

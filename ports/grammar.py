@@ -29,10 +29,36 @@ class GrammarMatcher(Protocol):
     def rollback(self, count: int) -> None: ...
 
 
+class MaskingMatcher(GrammarMatcher, Protocol):
+    """A matcher that writes its next mask into a caller's buffer, for executors that mask
+    logits in place.
+
+    Invariants an implementation keeps, beyond GrammarMatcher's:
+    - `fill_bitmask(address)` writes the allowed-token bits (bit t % 32 of int32 word t // 32)
+      at `address`, which holds `mask_bytes`; it may release the GIL while it computes.
+    - `error` is empty while the matcher is usable and names what broke once it is not (a
+      failed `fill_bitmask` is reported only there).
+    """
+
+    @property
+    def mask_bytes(self) -> int: ...
+
+    @property
+    def error(self) -> str: ...
+
+    def fill_bitmask(self, address: int) -> None: ...
+
+
 class CompiledGrammar(Protocol):
     """A compiled constraint; every `matcher()` starts at the beginning of the output."""
 
     def matcher(self) -> GrammarMatcher: ...
+
+
+class MaskingGrammar(Protocol):
+    """A compiled constraint whose matchers fill masks in place."""
+
+    def matcher(self) -> MaskingMatcher: ...
 
 
 class GrammarCompiler(Protocol):
@@ -50,3 +76,16 @@ class GrammarCompiler(Protocol):
     """
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar: ...
+
+
+class MaskingCompiler(Protocol):
+    """A GrammarCompiler for an executor that masks in place: its grammars' matchers fill
+    masks, and it names the vocabulary width and the EOS tokens the masks cover."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]: ...
+
+    def compile(self, spec: GrammarSpec) -> MaskingGrammar: ...

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from domain.commit import commit_round, forced_round
 from domain.errors import InvalidRequestError
 from domain.grammar import GrammarKind, GrammarSpec
+from domain.grammar_catch_up import grammar_catch_up
 from domain.logprobs import (
     NATURAL_TOP_K,
     NO_TOKEN,
@@ -27,6 +28,7 @@ from domain.prompt_scores import PromptScore
 from domain.records import CompletionRecord, Finish, Role
 from domain.step import ExecutorGeometry, FrameResult, LaneFailure, SlotWork, StepPlan
 from domain.step_stats import SchedulerState, StepStats
+from domain.verdict import speculative_verdict
 
 if TYPE_CHECKING:
     from ports.executor import ModelExecutor
@@ -232,21 +234,20 @@ class FakeExecutor:
         return context
 
     def _catch_up(self, work: SlotWork) -> None:
-        """A new epoch starts a fresh matcher, which then accepts re-fed tokens from the
-        grammar's start on (after the reasoning when the output began with it)."""
+        """Brings the slot's matcher in step with the lane by the shared catch-up rule
+        (`domain.grammar_catch_up`), as GrammarLanes does."""
         if self._grammars is None or work.grammar is None:
             raise AssertionError("a lane is constrained, but the fake has no grammar compiler")
         state = self._matchers.get(work.slot)
-        # Nothing the grammar walks fed yet: a fresh start, as in GrammarLanes.
-        fresh = work.first_emitted_position <= work.constrained_from
-        if state is None or state[0] != work.epoch or fresh:
+        catch_up = grammar_catch_up(
+            work, None if state is None else state[0], 0 if state is None else state[2]
+        )
+        if state is None or catch_up.restart:
             state = (work.epoch, self._grammars.compile(work.grammar).matcher(), 0)
         epoch, matcher, generated = state
-        fed = work.token_ids[: len(work.token_ids) - len(work.drafts)]
-        unseen = fed[max(0, work.constrained_from + generated - work.start_position) :]
-        if unseen and not matcher.accept(unseen):
+        if catch_up.unseen and not matcher.accept(catch_up.unseen):
             raise _Retired(f"the {work.grammar.kind.value} output constraint broke mid-output")
-        self._matchers[work.slot] = (epoch, matcher, generated + len(unseen))
+        self._matchers[work.slot] = (epoch, matcher, generated + len(catch_up.unseen))
 
     def _advance(self, work: SlotWork, emitted: Sequence[int]) -> None:
         if work.grammar is None or not emitted:
@@ -315,28 +316,27 @@ class FakeExecutor:
         return tuple(drafts)
 
     def _verify(self, work: SlotWork, context: list[int]) -> CompletionRecord:
-        """Greedy verification: drafts stand while they equal the model's choice; the first
-        mismatch emits the model's token, and a fully accepted run one more (the bonus)."""
+        """Greedy verification under the shared speculative verdict (`domain.verdict`): a row
+        keeps its draft when the draft is the model's choice there."""
         drafts = self._propose(work, context) if work.propose else work.drafts
         context.extend(drafts[len(work.drafts) :])  # proposed drafts are fed like history ones
         cached = len(context) - len(drafts)
-        sampled: list[int] = []
         matcher = self._matchers[work.slot][1] if work.grammar is not None else None
-        for draft in drafts:
-            token_id = self._sample(work, context[: cached + len(sampled)])
-            sampled.append(token_id)
-            if token_id != draft:
-                break
-            if matcher is not None:
-                matcher.accept((draft,))  # the next row is masked after the drafts before it
-        else:
-            sampled.append(self._sample(work, context[: cached + len(sampled)]))
-        accepted = len(sampled) - 1
+
+        def rows() -> Iterator[tuple[bool, int]]:
+            for index in range(len(drafts) + 1):
+                token_id = self._sample(work, context[: cached + index])
+                kept = index < len(drafts) and token_id == drafts[index]
+                yield kept, token_id
+                if matcher is not None and kept:
+                    matcher.accept((drafts[index],))  # the next row is masked after it
+
+        verdict = speculative_verdict(drafts, rows())
         if matcher is not None:
-            matcher.rollback(accepted)
+            matcher.rollback(verdict.accepted)
         # Rejected drafts were fed, but a real cache's positions for them hold nothing valid.
-        del context[cached + accepted :]
-        emitted, finish, accepted = commit_round(work, sampled, accepted)
+        del context[cached + verdict.accepted :]
+        emitted, finish, accepted = commit_round(work, verdict.tokens, verdict.accepted)
         self._advance(work, emitted)
         return CompletionRecord(
             work.slot,

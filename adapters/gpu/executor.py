@@ -24,11 +24,12 @@ from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
 from adapters.gpu.scoring.prompt_scorer import PromptScorer
 from adapters.gpu.speculation.draft_runner import DraftRunner
 from adapters.grammar.lanes import GrammarLanes, RowMasks
-from adapters.grammar.llguidance_compiler import LlguidanceCompiler
 from domain.commit import commit_round, forced_round
 from domain.prompt_scores import PROMPT_ROW_WORDS
 from domain.records import CompletionRecord, Finish, Role
 from domain.step import ExecutorGeometry, FrameResult, LaneFailure, SlotWork, StepPlan
+from domain.verdict import speculative_verdict
+from ports.grammar import MaskingCompiler
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +88,7 @@ class TorchExecutor:
         *,
         logprobs_backend: str = "reference",
         draft: DraftRunner | None = None,
-        grammars: LlguidanceCompiler | None = None,
+        grammars: MaskingCompiler | None = None,
     ) -> None:
         self._model = model
         self._grammar = GrammarLanes(grammars, device) if grammars is not None else None
@@ -450,18 +451,16 @@ def _verdicts(
     keeps: list[bool],
     chosen: list[int],
 ) -> _Round:
-    """Each lane's drafts stand while their rows keep them; the first row that does not emits
-    its own token (the correction), and a fully kept run emits the last row's (the bonus)."""
-    sampled, accepted = [], []
-    for lane, first_row in zip(drafts, first_rows, strict=True):
-        tokens: list[int] = []
-        for offset, draft in enumerate(lane):
-            if not keeps[first_row + offset]:
-                tokens.append(chosen[first_row + offset])
-                break
-            tokens.append(draft)
-        else:
-            tokens.append(chosen[first_row + len(lane)])
-        sampled.append(tuple(tokens))
-        accepted.append(len(tokens) - 1)
-    return _Round(raw_logits, tuple(first_rows), tuple(drafts), tuple(sampled), tuple(accepted))
+    """Each lane's round under the shared speculative verdict (`domain.verdict`), its rows
+    read from the step's keeps and chosen tokens from its first row on."""
+    verdicts = []
+    for lane, first in zip(drafts, first_rows, strict=True):
+        rows = slice(first, first + len(lane) + 1)
+        verdicts.append(speculative_verdict(lane, zip(keeps[rows], chosen[rows], strict=True)))
+    return _Round(
+        raw_logits,
+        tuple(first_rows),
+        tuple(drafts),
+        tuple(verdict.tokens for verdict in verdicts),
+        tuple(verdict.accepted for verdict in verdicts),
+    )

@@ -8,12 +8,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from adapters.grammar.llguidance_compiler import (
-    LlguidanceCompiler,
-    LlguidanceGrammar,
-    LlguidanceMatcher,
-)
+from domain.grammar_catch_up import grammar_catch_up
 from domain.step import SlotWork
+from ports.grammar import MaskingCompiler, MaskingGrammar, MaskingMatcher
 
 
 @dataclass(eq=False)
@@ -24,8 +21,8 @@ class _Lane:
     lives (a readmission after a preemption never recompiles it)."""
 
     epoch: int
-    matcher: LlguidanceMatcher
-    grammar: LlguidanceGrammar | None = None
+    matcher: MaskingMatcher
+    grammar: MaskingGrammar | None = None
     generated: int = 0
 
 
@@ -67,7 +64,7 @@ class GrammarLanes:
     rollback recovers the matcher), and the lane depends only on its own drafts.
     """
 
-    def __init__(self, compiler: LlguidanceCompiler, device: torch.device) -> None:
+    def __init__(self, compiler: MaskingCompiler, device: torch.device) -> None:
         self._compiler = compiler
         self._device = device
         self._lanes: dict[int, _Lane] = {}
@@ -167,26 +164,23 @@ class GrammarLanes:
         return _message(work, error)
 
     def _catch_up(self, work: SlotWork) -> None:
-        """Starts the slot's matcher at a new epoch, then accepts the tokens from the grammar's
-        start on (`SlotWork.constrained_from`: after the reasoning when the output began with
-        it) that the lane feeds and it has not yet seen (a readmitted sequence re-feeds its
-        outputs)."""
+        """Brings the slot's matcher in step with the lane by the shared catch-up rule
+        (`domain.grammar_catch_up`): a fresh one when it restarts, then the fed tokens it has
+        not yet accepted."""
         lane = self._lanes.get(work.slot)
-        # A chunk at position 0 begins a sequence's life in the slot, whatever its epoch says:
-        # another engine over this executor counts epochs afresh. So does a lane that has fed
-        # nothing the grammar walks yet (a grammar that starts after the reasoning first
-        # appears on such a lane, mid-life, where a stale matcher may share its epoch).
-        fresh = work.start_position == 0 or work.first_emitted_position <= work.constrained_from
-        if lane is None or lane.epoch != work.epoch or fresh:
+        catch_up = grammar_catch_up(
+            work,
+            None if lane is None else lane.epoch,
+            0 if lane is None else lane.generated,
+        )
+        if lane is None or catch_up.restart:
             assert work.grammar is not None
             compiled = self._compiler.compile(work.grammar)
             lane = self._lanes[work.slot] = _Lane(work.epoch, compiled.matcher(), compiled)
-        fed = work.token_ids[: len(work.token_ids) - len(work.drafts)]
-        unseen = fed[max(0, work.constrained_from + lane.generated - work.start_position) :]
-        if unseen:
-            if not lane.matcher.accept(unseen):
+        if catch_up.unseen:
+            if not lane.matcher.accept(catch_up.unseen):
                 raise _Broke(lane.matcher.error)
-            lane.generated += len(unseen)
+            lane.generated += len(catch_up.unseen)
 
 
 def _allows(row: torch.Tensor, token_id: int) -> bool:

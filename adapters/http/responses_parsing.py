@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from adapters.http.fields import (
@@ -24,9 +24,9 @@ from adapters.http.fields import (
 from adapters.http.responses_input import input_messages
 from domain.api_request import ApiRequest, Prompt
 from domain.errors import InvalidRequestError
-from domain.logprob_rules import LogprobAsk
+from domain.logprob_rules import LogprobAsk, responses_include, responses_logprob_ask
 from domain.ranges import TOKEN_BUDGET
-from domain.response_objects import OUTPUT_TEXT_LOGPROBS, ResponseSettings
+from domain.response_objects import ResponseSettings
 from domain.response_store import ResponseStore
 from domain.sampling import SamplingParams
 from domain.structured_rules import StructuredAsk, resolve_structure
@@ -176,31 +176,19 @@ def _required(body: dict, name: str) -> Any:
 
 
 def _logprob_ask(body: dict) -> LogprobAsk:
-    """Logprobs are asked for by `include`; `top_logprobs` and `logprob_token_ids` need it."""
+    """The logprob fields read as JSON, under the Responses logprob rules of
+    `domain.logprob_rules` (in the order api.md gives their 400s)."""
     include = body.get("include")
     if include is None:
         include = []
     if not isinstance(include, list) or not all(isinstance(v, str) for v in include):
         raise _fail("`include` must be a list of strings", "include")
-    other = [value for value in include if value != OUTPUT_TEXT_LOGPROBS]
-    if other:
-        raise _fail(
-            f"`include` value {other[0]!r} is not served; only {OUTPUT_TEXT_LOGPROBS!r} is",
-            "include",
-        )
-    wanted = bool(include)
+    wanted = responses_include(include)
     count = read_int(body, "top_logprobs", None)
     token_ids = read_int_list(body, "logprob_token_ids")
-    for name, asked in (("top_logprobs", count), ("logprob_token_ids", token_ids)):
-        if asked and not wanted:
-            raise _fail(f"`{name}` needs `include: [{OUTPUT_TEXT_LOGPROBS!r}]`", name)
-    return LogprobAsk(
-        wanted=wanted,
-        count=count,
-        count_param="top_logprobs",
-        token_ids=token_ids if body.get("logprob_token_ids") is not None else None,
-        stream=read_bool(body, "stream", False),
-    )
+    sent = token_ids if body.get("logprob_token_ids") is not None else None
+    ask = responses_logprob_ask(wanted, count, sent)
+    return replace(ask, stream=read_bool(body, "stream", False))
 
 
 def _previous(response_id: str | None, store: ResponseStore) -> list[dict]:

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from domain.errors import InvalidRequestError
-from domain.logprob_rules import LogprobAsk, LogprobLimits, check_logprob_ask
+from domain.logprob_rules import (
+    LogprobAsk,
+    LogprobLimits,
+    check_logprob_ask,
+    responses_include,
+    responses_logprob_ask,
+)
 from domain.logprobs import LogprobOptions
 
 FULL = LogprobLimits(
@@ -106,3 +112,46 @@ def test_the_ask_resolves_to_the_options_and_the_prompt_alternatives_it_means():
     assert selecting.options == LogprobOptions(top_k=0, token_ids=(7, 2))
     assert selecting.prompt_top_k is None
     assert LogprobAsk(echo=True).options is None and LogprobAsk(echo=True).prompt_top_k is None
+
+
+OUTPUT_TEXT = "message.output_text.logprobs"
+
+
+def test_a_responses_include_of_the_output_text_logprobs_asks_for_logprobs():
+    assert responses_include([OUTPUT_TEXT]) is True
+    assert responses_include([]) is False
+
+
+def test_a_responses_include_of_anything_else_is_a_400_naming_include():
+    with pytest.raises(InvalidRequestError) as caught:
+        responses_include([OUTPUT_TEXT, "reasoning.encrypted_content"])
+
+    assert caught.value.param == "include"
+    assert "'reasoning.encrypted_content' is not served" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("count", "token_ids", "param"),
+    [(2, None, "top_logprobs"), (None, (3,), "logprob_token_ids"), (2, (3,), "top_logprobs")],
+)
+def test_responses_top_logprobs_or_selected_ids_without_the_include_are_a_400(
+    count, token_ids, param
+):
+    with pytest.raises(InvalidRequestError) as caught:
+        responses_logprob_ask(False, count, token_ids)
+
+    assert caught.value.param == param
+    assert caught.value.message == f"`{param}` needs `include: [{OUTPUT_TEXT!r}]`"
+
+
+def test_responses_zero_top_logprobs_or_empty_ids_need_no_include():
+    # Empty selected IDs are refused later, by check_logprob_ask's rule 3, with chat's wording.
+    ask = responses_logprob_ask(False, 0, ())
+
+    assert ask == LogprobAsk(wanted=False, count=0, count_param="top_logprobs", token_ids=())
+
+
+def test_a_responses_ask_names_top_logprobs_as_its_count():
+    ask = responses_logprob_ask(True, 3, (5, 6))
+
+    assert ask == LogprobAsk(wanted=True, count=3, count_param="top_logprobs", token_ids=(5, 6))
