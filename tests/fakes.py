@@ -10,10 +10,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from domain.commit import commit_round, forced_round
-from domain.errors import InvalidRequestError
-from domain.grammar import GrammarKind, GrammarSpec
-from domain.logprobs import (
+from domain.common.errors import InvalidRequestError
+from domain.contract.records import CompletionRecord, Finish, Role
+from domain.engine.commit import commit_round, forced_round
+from domain.engine.step import ExecutorGeometry, FrameResult, LaneFailure, SlotWork, StepPlan
+from domain.engine.step_stats import SchedulerState, StepStats
+from domain.logprobs.prompt_scores import PromptScore
+from domain.logprobs.values import (
     NATURAL_TOP_K,
     NO_TOKEN,
     LogprobOptions,
@@ -23,10 +26,7 @@ from domain.logprobs import (
     float_to_bits,
     sort_key,
 )
-from domain.prompt_scores import PromptScore
-from domain.records import CompletionRecord, Finish, Role
-from domain.step import ExecutorGeometry, FrameResult, LaneFailure, SlotWork, StepPlan
-from domain.step_stats import SchedulerState, StepStats
+from domain.structured.grammar import GrammarKind, GrammarSpec
 
 if TYPE_CHECKING:
     from ports.executor import ModelExecutor

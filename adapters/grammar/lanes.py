@@ -13,7 +13,7 @@ from adapters.grammar.llguidance_compiler import (
     LlguidanceGrammar,
     LlguidanceMatcher,
 )
-from domain.step import SlotWork
+from domain.engine.step import SlotWork
 
 
 @dataclass(eq=False)

@@ -20,12 +20,12 @@ from adapters.http.fields import (
     read_str,
     read_text_parts,
 )
-from domain.api_request import ApiRequest, Prompt, StreamOptions
-from domain.errors import InvalidRequestError
-from domain.logprob_rules import LogprobAsk
-from domain.ranges import COMPLETION_MAX_TOKENS, TOKEN_BUDGET, check_token_ids
-from domain.sampling import SamplingParams
-from domain.structured_rules import StructuredAsk, resolve_structure
+from domain.common.errors import InvalidRequestError
+from domain.common.ranges import COMPLETION_MAX_TOKENS, TOKEN_BUDGET, check_token_ids
+from domain.logprobs.rules import LogprobAsk
+from domain.requests.api_request import ApiRequest, Prompt, StreamOptions
+from domain.requests.sampling import SamplingParams
+from domain.structured.rules import StructuredAsk, resolve_structure
 
 _ROLES = ("system", "user", "assistant", "developer", "tool")
 
@@ -89,7 +89,7 @@ def _token_budget(body: dict, name: str) -> int | None:
 
 
 def _structured_ask(body: dict, *, chat: bool, auto_tool_choice: bool = False) -> StructuredAsk:
-    """The output-constraint fields as sent; `domain.structured_rules` decides what they mean.
+    """The output-constraint fields as sent; `domain.structured.rules` decides what they mean.
     Tools belong to chat only."""
     tool_choice = body.get("tool_choice") if chat else None
     if tool_choice is not None and not isinstance(tool_choice, (str, dict)):
@@ -150,7 +150,7 @@ def _api_request(
 def _logprob_ask(
     body: dict, *, wanted: bool, count: int | None, count_param: str, echo: bool | None = None
 ) -> LogprobAsk:
-    """The logprob fields as sent; `domain.logprob_rules` decides which are a 400."""
+    """The logprob fields as sent; `domain.logprobs.rules` decides which are a 400."""
     present = body.get("logprob_token_ids") is not None
     return LogprobAsk(
         wanted=wanted,
