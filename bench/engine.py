@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adapters.cli import bootstrap  # noqa: E402
 from adapters.gpu.factory import RunnerSettings  # noqa: E402
-from domain.engine import EngineConfig  # noqa: E402
-from domain.engine_request import EngineRequest  # noqa: E402
-from domain.sampling import SamplingParams  # noqa: E402
+from domain.engine.engine import EngineConfig  # noqa: E402
+from domain.requests.engine_request import EngineRequest  # noqa: E402
+from domain.requests.sampling import SamplingParams  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adapters.gpu.loading.default_model import default_gguf_path, exported_model_dir  # noqa: E402
 from adapters.grammar.llguidance_compiler import LlguidanceCompiler  # noqa: E402
 from adapters.tokenizer.hf import HfTokenizer  # noqa: E402
-from domain.grammar import GrammarKind, GrammarSpec  # noqa: E402
+from domain.structured.grammar import GrammarKind, GrammarSpec  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

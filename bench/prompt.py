@@ -93,7 +93,7 @@ def memory_cost() -> str:
     from adapters.gpu.model.config import ModelConfig
     from adapters.gpu.model.kv_cache import PagedKVCache
     from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
-    from domain.capabilities import scored_capacities
+    from domain.contract.capabilities import scored_capacities
 
     config = ModelConfig.from_dir(resolve_model_dir(None, progress=False))
     capacities = scored_capacities(CHUNK_LIMIT)

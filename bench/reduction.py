@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from adapters.gpu.logprobs.reducer import ReductionInputs  # noqa: E402
 from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer  # noqa: E402
-from domain.logprobs import NATURAL_TOP_K  # noqa: E402
+from domain.logprobs.values import NATURAL_TOP_K  # noqa: E402
 
 CPU_ROW_CAP = 64
 ROTATION_BYTES = {"cuda": 1 << 30, "cpu": 64 << 20}

@@ -36,11 +36,11 @@ from adapters.gpu.model.config import ModelConfig  # noqa: E402
 from adapters.gpu.parallel.launch import ParallelLaunch, World, start_world  # noqa: E402
 from adapters.gpu.parallel.split import split_model  # noqa: E402
 from adapters.tokenizer.hf import HfTokenizer  # noqa: E402
-from domain.engine import Engine, EngineConfig  # noqa: E402
-from domain.engine_request import EngineRequest  # noqa: E402
-from domain.logprob_rules import LogprobAsk  # noqa: E402
-from domain.outputs import ChoiceDelta  # noqa: E402
-from domain.sampling import SamplingParams  # noqa: E402
+from domain.emission.outputs import ChoiceDelta  # noqa: E402
+from domain.engine.engine import Engine, EngineConfig  # noqa: E402
+from domain.logprobs.rules import LogprobAsk  # noqa: E402
+from domain.requests.engine_request import EngineRequest  # noqa: E402
+from domain.requests.sampling import SamplingParams  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from domain.channel import OutputChannel
-from domain.engine_request import CheckedRequest, EngineRequest
+from domain.engine.channel import OutputChannel
+from domain.requests.engine_request import CheckedRequest, EngineRequest
 
 
 class EngineClient(Protocol):

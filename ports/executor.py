@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from domain.step import ExecutorGeometry, FrameResult, StepPlan
+from domain.engine.step import ExecutorGeometry, FrameResult, StepPlan
 
 
 class ModelExecutor(Protocol):
@@ -12,7 +12,7 @@ class ModelExecutor(Protocol):
 
     Invariants an implementation keeps:
     - `submit` writes one record per lane into frame `f` (0 and 1 alternate per submission); a
-      sampling lane's record has role SAMPLE and emits what `domain.commit.commit_round`
+      sampling lane's record has role SAMPLE and emits what `domain.engine.commit.commit_round`
       returns for the lane's sampled tokens, with that finish; a lane that only feeds prompt
       tokens has role PROMPT and emits nothing.
     - A speculative lane (`SlotWork.speculative`) verifies its drafts (history drafts fed after

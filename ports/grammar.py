@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from domain.grammar import GrammarSpec
+from domain.structured.grammar import GrammarSpec
 
 
 class GrammarMatcher(Protocol):

@@ -10,11 +10,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from domain.commit import commit_round, forced_round
-from domain.errors import InvalidRequestError
-from domain.grammar import GrammarKind, GrammarSpec
-from domain.grammar_catch_up import grammar_catch_up
-from domain.logprobs import (
+from domain.common.errors import InvalidRequestError
+from domain.contract.records import CompletionRecord, Finish, Role
+from domain.engine.commit import commit_round, forced_round
+from domain.engine.grammar_catch_up import grammar_catch_up
+from domain.engine.step import ExecutorGeometry, FrameResult, LaneFailure, SlotWork, StepPlan
+from domain.engine.step_stats import SchedulerState, StepStats
+from domain.logprobs.prompt_scores import PromptScore
+from domain.logprobs.values import (
     NATURAL_TOP_K,
     NO_TOKEN,
     LogprobOptions,
@@ -24,11 +27,8 @@ from domain.logprobs import (
     float_to_bits,
     sort_key,
 )
-from domain.prompt_scores import PromptScore
-from domain.records import CompletionRecord, Finish, Role
-from domain.step import ExecutorGeometry, FrameResult, LaneFailure, SlotWork, StepPlan
-from domain.step_stats import SchedulerState, StepStats
-from domain.verdict import speculative_verdict
+from domain.speculation.verdict import speculative_verdict
+from domain.structured.grammar import GrammarKind, GrammarSpec
 
 if TYPE_CHECKING:
     from ports.executor import ModelExecutor

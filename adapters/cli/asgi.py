@@ -17,7 +17,7 @@ from adapters.cli.serve_config import ServeConfig
 from adapters.http.app import create_app as create_http_app
 from adapters.http.serving import HttpSettings, ModelHolder, ServedModel
 from adapters.metrics.prometheus import PrometheusMetrics
-from domain.engine import EngineConfig, EngineLoop
+from domain.engine.engine import EngineConfig, EngineLoop
 from ports.metrics import EngineObserver
 
 _log = logging.getLogger(__name__)

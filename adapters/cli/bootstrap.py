@@ -12,8 +12,8 @@ from adapters.gpu.loading.default_model import resolve_model_dir
 from adapters.gpu.parallel.launch import ParallelLaunch, start_world
 from adapters.grammar.llguidance_compiler import LlguidanceCompiler
 from adapters.tokenizer.hf import HfTokenizer
-from domain.engine import Engine, EngineConfig
-from domain.speculation import SpeculativeConfig
+from domain.engine.engine import Engine, EngineConfig
+from domain.speculation.drafts import SpeculativeConfig
 from ports.metrics import EngineObserver
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"

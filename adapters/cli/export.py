@@ -7,9 +7,9 @@ import sys
 
 from adapters.core.export import export_core
 from adapters.core.manifest import LOGPROB_LEVELS
-from domain.capabilities import scored_capacities
-from domain.core_validation import CoreValidationError
-from domain.logprobs import NATURAL_TOP_K
+from domain.contract.capabilities import scored_capacities
+from domain.contract.core_validation import CoreValidationError
+from domain.logprobs.values import NATURAL_TOP_K
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

@@ -13,10 +13,10 @@ from adapters.cli.runner_args import (
     parallel_launch,
     runner_settings,
 )
-from domain.engine_request import EngineRequest
-from domain.errors import DomainError
-from domain.outputs import ChoiceDelta, RequestEnd
-from domain.sampling import SamplingParams
+from domain.common.errors import DomainError
+from domain.emission.outputs import ChoiceDelta, RequestEnd
+from domain.requests.engine_request import EngineRequest
+from domain.requests.sampling import SamplingParams
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

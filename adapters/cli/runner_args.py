@@ -6,8 +6,8 @@ import argparse
 
 from adapters.gpu.factory import RunnerSettings
 from adapters.gpu.parallel.launch import ParallelLaunch
-from domain.engine import EngineConfig
-from domain.speculation import SpeculativeConfig, SpeculativeConfigError
+from domain.engine.engine import EngineConfig
+from domain.speculation.drafts import SpeculativeConfig, SpeculativeConfigError
 
 
 def add_runner_arguments(parser: argparse.ArgumentParser) -> None:

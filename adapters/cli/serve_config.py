@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from adapters.gpu.factory import RunnerSettings
 from adapters.gpu.parallel.launch import ParallelLaunch
 from domain.parsers.settings import ParserSettings, ReasoningStrings, grammar_in_reasoning
-from domain.speculation import SpeculativeConfig
+from domain.speculation.drafts import SpeculativeConfig
 
 ENVIRONMENT_VARIABLE = "HELIOS_SERVE_CONFIG"
 
@@ -23,7 +23,7 @@ class ServeConfig:
     api_key: str | None = None
     max_num_batched_tokens: int = 512
     max_logprobs: int = 20
-    # `--speculative-config` as JSON (domain.speculation.SpeculativeConfig.to_json), or None.
+    # `--speculative-config` as JSON (domain.speculation.drafts.SpeculativeConfig.to_json), or None.
     speculative_config: str | None = None
     runner: RunnerSettings = field(default_factory=RunnerSettings)
     parallel: ParallelLaunch = field(default_factory=ParallelLaunch)

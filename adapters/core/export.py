@@ -19,7 +19,7 @@ from adapters.core.manifest import (
 from adapters.gpu.factory import padded_capacity
 from adapters.gpu.loading.default_model import resolve_model_dir
 from adapters.gpu.model.config import ModelConfig
-from domain.logprobs import NATURAL_TOP_K
+from domain.logprobs.values import NATURAL_TOP_K
 
 
 def export_core(

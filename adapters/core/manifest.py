@@ -11,17 +11,17 @@ from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 from google.protobuf.message import DecodeError
 
 from adapters.core import core_pb2
-from domain.buffers import BufferGroup, ContractBuffer, buffers_in
-from domain.capabilities import (
+from domain.contract.buffers import BufferGroup, ContractBuffer, buffers_in
+from domain.contract.capabilities import (
     NO_LOGPROBS,
     LogprobCapability,
     natural_top_k_problem,
     scored_capacities,
 )
-from domain.core_validation import CoreValidationError, validate_declarations
-from domain.declarations import SCORED_PREFILL, BufferDeclaration, GraphDeclaration
-from domain.logprobs import NATURAL_TOP_K
-from domain.records import resolve_token_capacity
+from domain.contract.core_validation import CoreValidationError, validate_declarations
+from domain.contract.declarations import SCORED_PREFILL, BufferDeclaration, GraphDeclaration
+from domain.contract.records import resolve_token_capacity
+from domain.logprobs.values import NATURAL_TOP_K
 
 FORMAT_VERSION = 1
 MANIFEST_FILE = "core.pb"

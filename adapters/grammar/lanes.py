@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from domain.grammar_catch_up import grammar_catch_up
-from domain.step import SlotWork
+from domain.engine.grammar_catch_up import grammar_catch_up
+from domain.engine.step import SlotWork
 from ports.grammar import MaskingCompiler, MaskingGrammar, MaskingMatcher
 
 

@@ -19,8 +19,8 @@ import llguidance
 import numpy
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
-from domain.errors import InvalidRequestError
-from domain.grammar import GrammarKind, GrammarSpec
+from domain.common.errors import InvalidRequestError
+from domain.structured.grammar import GrammarKind, GrammarSpec
 from ports.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # a TypedDict of the stub only

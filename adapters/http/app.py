@@ -22,7 +22,7 @@ from adapters.http.resources import (
 from adapters.http.responses import ResponsesResource
 from adapters.http.serving import HttpSettings, ModelHolder
 from adapters.metrics.prometheus import PrometheusMetrics
-from domain.response_store import ResponseStore
+from domain.responses.store import ResponseStore
 
 OPENAPI_PATH = Path(__file__).resolve().parents[2] / "contracts" / "openapi.yaml"
 

@@ -6,7 +6,7 @@ import hmac
 
 import falcon.asgi
 
-from domain.errors import AuthenticationError
+from domain.common.errors import AuthenticationError
 
 # Load balancers and orchestrators probe readiness without credentials.
 OPEN_PATH = "/health"

@@ -8,7 +8,7 @@ from typing import Any
 import falcon.asgi
 
 from adapters.http.fields import decimal_int
-from domain.errors import InvalidRequestError, PayloadTooLargeError
+from domain.common.errors import InvalidRequestError, PayloadTooLargeError
 
 
 async def read_json(req: falcon.asgi.Request, max_bytes: int) -> Any:

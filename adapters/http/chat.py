@@ -14,13 +14,13 @@ from adapters.http.engine_bridge import RequestGroup
 from adapters.http.parsing import chat_request
 from adapters.http.serving import HttpSettings, ModelHolder
 from adapters.http.streaming import stream_chunks
-from domain.api_request import ApiRequest
-from domain.logprob_presentation import TokenRendering, chat_logprobs, vllm_prompt_logprobs
-from domain.outputs import ChoiceDelta, LogprobEntry, Usage
+from domain.common.wire import JsonObject
+from domain.emission.outputs import ChoiceDelta, LogprobEntry, Usage
+from domain.parsers.build import choice_parser
 from domain.parsers.forced import whole_forced_answer
-from domain.parsers.parsed import ParserConfig, choice_parser
-from domain.parsers.presentation import parsed_delta, parsed_message
-from domain.presentation import (
+from domain.parsers.parsed import ParserConfig
+from domain.presentation.logprobs import TokenRendering, chat_logprobs, vllm_prompt_logprobs
+from domain.presentation.objects import (
     ChoiceResult,
     ResponseHeader,
     chat_choice,
@@ -28,7 +28,8 @@ from domain.presentation import (
     chat_response,
     tool_finish,
 )
-from domain.wire import JsonObject
+from domain.presentation.parsed import parsed_delta, parsed_message
+from domain.requests.api_request import ApiRequest
 
 
 class ChatCompletionsResource:

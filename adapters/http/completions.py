@@ -14,9 +14,9 @@ from adapters.http.parsing import completion_request
 from adapters.http.serving import HttpSettings, ModelHolder
 from adapters.http.sse import done_event, json_event
 from adapters.http.streaming import stream_chunks
-from domain.api_request import ApiRequest
-from domain.engine_request import EngineRequest
-from domain.logprob_presentation import (
+from domain.emission.outputs import ChoiceDelta, LogprobEntry, PromptScores, Usage
+from domain.logprobs.prompt_scores import PromptScore
+from domain.presentation.logprobs import (
     TokenRendering,
     completion_logprobs,
     echo_logprobs,
@@ -24,8 +24,7 @@ from domain.logprob_presentation import (
     prompt_offsets,
     vllm_prompt_logprobs,
 )
-from domain.outputs import ChoiceDelta, LogprobEntry, PromptScores, Usage
-from domain.presentation import (
+from domain.presentation.objects import (
     ChoiceResult,
     ResponseHeader,
     completion_choice,
@@ -33,7 +32,8 @@ from domain.presentation import (
     completion_response,
     usage_chunk,
 )
-from domain.prompt_scores import PromptScore
+from domain.requests.api_request import ApiRequest
+from domain.requests.engine_request import EngineRequest
 from ports.tokenizer import Tokenizer
 
 

@@ -8,9 +8,9 @@ import functools
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
-from domain.channel import OutputChannel
-from domain.engine_request import CheckedRequest, EngineRequest
-from domain.outputs import ChoiceDelta, PromptScores, RequestEnd
+from domain.emission.outputs import ChoiceDelta, PromptScores, RequestEnd
+from domain.engine.channel import OutputChannel
+from domain.requests.engine_request import CheckedRequest, EngineRequest
 from ports.engine_client import EngineClient
 
 # Threads that wait on checks which may compile a grammar (each at most the compile budget);

@@ -7,8 +7,8 @@ import logging
 import falcon
 import falcon.asgi
 
-from domain.errors import DomainError, NotReadyError, OverloadedError, UnhealthyError
-from domain.presentation import error_object
+from domain.common.errors import DomainError, NotReadyError, OverloadedError, UnhealthyError
+from domain.presentation.objects import error_object
 from ports.metrics import RejectionObserver
 
 _log = logging.getLogger(__name__)

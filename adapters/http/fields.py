@@ -6,7 +6,7 @@ import math
 from collections.abc import Collection
 from typing import Any, overload
 
-from domain.errors import InvalidRequestError
+from domain.common.errors import InvalidRequestError
 
 # Python refuses to convert decimal literals of more than 4300 digits (a ValueError: once a 500).
 # Longer ones saturate at ±10**400: outside every integer range of the API, and past float range,

@@ -9,14 +9,14 @@ from dataclasses import dataclass
 
 from adapters.http.engine_bridge import RequestGroup
 from adapters.http.serving import ServedModel
-from domain.api_request import ApiRequest
-from domain.engine_request import EngineRequest
-from domain.errors import InvalidRequestError, RequestFailedError
-from domain.logprob_presentation import TokenRendering
-from domain.outputs import ChoiceDelta, PromptScores, RequestEnd, Usage
-from domain.presentation import ChoiceResult, ResponseHeader
-from domain.prompt_scores import PromptScore
-from domain.thinking import ThinkingBudget
+from domain.common.errors import InvalidRequestError, RequestFailedError
+from domain.emission.outputs import ChoiceDelta, PromptScores, RequestEnd, Usage
+from domain.logprobs.prompt_scores import PromptScore
+from domain.presentation.logprobs import TokenRendering
+from domain.presentation.objects import ChoiceResult, ResponseHeader
+from domain.reasoning.thinking import ThinkingBudget
+from domain.requests.api_request import ApiRequest
+from domain.requests.engine_request import EngineRequest
 
 
 def start(job: ApiRequest, served: ServedModel, prefix: str) -> ResponseHeader:

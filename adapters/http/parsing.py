@@ -20,13 +20,13 @@ from adapters.http.fields import (
     read_str,
     read_text_parts,
 )
-from domain.api_request import ApiRequest, Prompt, StreamOptions
-from domain.detokenizer import decode_whole
-from domain.errors import InvalidRequestError
-from domain.logprob_rules import LogprobAsk
-from domain.ranges import COMPLETION_MAX_TOKENS, TOKEN_BUDGET, check_token_ids
-from domain.sampling import SamplingParams
-from domain.structured_rules import StructuredAsk, resolve_structure
+from domain.common.errors import InvalidRequestError
+from domain.common.ranges import COMPLETION_MAX_TOKENS, TOKEN_BUDGET, check_token_ids
+from domain.emission.detokenizer import decode_whole
+from domain.logprobs.rules import LogprobAsk
+from domain.requests.api_request import ApiRequest, Prompt, StreamOptions
+from domain.requests.sampling import SamplingParams
+from domain.structured.rules import StructuredAsk, resolve_structure
 
 _ROLES = ("system", "user", "assistant", "developer", "tool")
 

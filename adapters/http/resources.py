@@ -12,9 +12,9 @@ from adapters.http.body import read_json
 from adapters.http.fields import read_bool, read_int_list, read_object, read_str
 from adapters.http.parsing import chat_request
 from adapters.http.serving import HttpSettings, ModelHolder, ServedModel
-from domain.errors import InvalidRequestError, UnhealthyError
-from domain.presentation import model_list
-from domain.ranges import check_token_ids
+from domain.common.errors import InvalidRequestError, UnhealthyError
+from domain.common.ranges import check_token_ids
+from domain.presentation.objects import model_list
 
 
 class ModelsResource:

@@ -17,14 +17,15 @@ from adapters.http.engine_bridge import RequestGroup
 from adapters.http.responses_input import output_messages
 from adapters.http.responses_parsing import ResponsesJob, responses_names, responses_request
 from adapters.http.serving import HttpSettings, ModelHolder, ServedModel
-from domain.errors import DomainError, NotFoundError
-from domain.logprob_presentation import chat_logprobs
-from domain.outputs import LogprobEntry, Usage
-from domain.parsers.parsed import ChoiceParser, ParserConfig, choice_parser
-from domain.presentation import ResponseHeader
-from domain.response_assembler import EntryRenderer, ResponseAssembler
-from domain.response_store import ResponseStore, StoredResponse
-from domain.wire import JsonObject
+from domain.common.errors import DomainError, NotFoundError
+from domain.common.wire import JsonObject
+from domain.emission.outputs import LogprobEntry, Usage
+from domain.parsers.build import choice_parser
+from domain.parsers.parsed import ChoiceParser, ParserConfig
+from domain.presentation.logprobs import chat_logprobs
+from domain.presentation.objects import ResponseHeader
+from domain.responses.assembler import EntryRenderer, ResponseAssembler
+from domain.responses.store import ResponseStore, StoredResponse
 
 
 class ResponsesResource:

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from adapters.http.fields import is_text, read_text_parts
-from domain.errors import InvalidRequestError
+from domain.common.errors import InvalidRequestError
 
 _MESSAGE_ROLES = ("user", "system", "developer", "assistant")
 # Keys an item may carry besides its content; output items handed back carry ids and status.

@@ -22,15 +22,15 @@ from adapters.http.fields import (
     read_str,
 )
 from adapters.http.responses_input import input_messages
-from domain.api_request import ApiRequest, Prompt
-from domain.errors import InvalidRequestError
-from domain.logprob_rules import LogprobAsk, responses_include, responses_logprob_ask
-from domain.ranges import TOKEN_BUDGET
-from domain.response_objects import ResponseSettings
-from domain.response_store import ResponseStore
-from domain.sampling import SamplingParams
-from domain.structured_rules import StructuredAsk, resolve_structure
-from domain.wire import JsonObject
+from domain.common.errors import InvalidRequestError
+from domain.common.ranges import TOKEN_BUDGET
+from domain.common.wire import JsonObject
+from domain.logprobs.rules import LogprobAsk, responses_include, responses_logprob_ask
+from domain.requests.api_request import ApiRequest, Prompt
+from domain.requests.sampling import SamplingParams
+from domain.responses.objects import ResponseSettings
+from domain.responses.store import ResponseStore
+from domain.structured.rules import StructuredAsk, resolve_structure
 from ports.tokenizer import Tokenizer
 
 # OpenAI's fields that change what is generated or returned.

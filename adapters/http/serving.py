@@ -8,9 +8,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from domain.errors import NotFoundError, NotReadyError
+from domain.common.errors import NotFoundError, NotReadyError
 from domain.parsers.settings import NO_PARSERS, ParserSettings
-from domain.thinking import ThinkingMarkers
+from domain.reasoning.thinking import ThinkingMarkers
 from ports.engine_client import EngineClient
 from ports.tokenizer import Tokenizer
 

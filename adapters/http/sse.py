@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from falcon.asgi import SSEvent
 
-from domain.errors import DomainError
-from domain.presentation import error_object
+from domain.common.errors import DomainError
+from domain.presentation.objects import error_object
 
 
 def json_event(payload: dict) -> SSEvent:

@@ -9,10 +9,10 @@ from falcon.asgi import SSEvent
 from adapters.http.engine_bridge import RequestGroup
 from adapters.http.generation import events
 from adapters.http.sse import done_event, error_event, json_event
-from domain.api_request import ApiRequest
-from domain.errors import DomainError
-from domain.outputs import ChoiceDelta, PromptScores, Usage
-from domain.presentation import ResponseHeader, usage_chunk
+from domain.common.errors import DomainError
+from domain.emission.outputs import ChoiceDelta, PromptScores, Usage
+from domain.presentation.objects import ResponseHeader, usage_chunk
+from domain.requests.api_request import ApiRequest
 
 # (choice index, delta, text to send, usage so far or None) -> the chunk's wire object, or None
 # when the delta has nothing to send after all (an output parser holding its text back)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import enum
 from collections import deque
 
-from domain.outputs import ChoiceDelta, LogprobEntry
+from domain.emission.outputs import ChoiceDelta, LogprobEntry
 from domain.parsers.hermes import TOOL_CALL_END, TOOL_CALL_START, parse_call
 from domain.parsers.parsed import ParsedDelta, ParserConfig
 from domain.parsers.spans import Kind, held_prefix, leading_space
-from domain.tool_calls import ToolCallDelta, new_call_id
+from domain.structured.tool_calls import ToolCallDelta, new_call_id
 
 
 class _Mode(enum.Enum):

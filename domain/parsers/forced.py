@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from domain.outputs import ChoiceDelta
+from domain.emission.outputs import ChoiceDelta
 from domain.parsers.parsed import ChoiceParser, ParsedDelta
-from domain.tool_calls import ToolCallMode, ToolCallStream, collect_tool_calls
+from domain.structured.tool_calls import ToolCallMode, ToolCallStream, collect_tool_calls
 
 
 class ForcedCallParser:

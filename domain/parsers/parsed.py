@@ -1,15 +1,16 @@
 """What an output parser makes of a choice's deltas: reasoning, content with its entries, calls.
 
 For the Responses API (and chat): build one parser per choice with
-`choice_parser(index, config)`, feed it every `ChoiceDelta` of that choice in order, and use the
-returned `ParsedDelta`s instead of the raw deltas. Under a forced tool call (`config.forced`)
-the content is the calls' JSON: it comes out as `tool_calls` deltas, with no content and no
-content entries (`domain.parsers.forced`). The delta with a `finish_reason` flushes the
-parser, so its `ParsedDelta` carries whatever was held back. `content_logprobs` are exactly the
-entries of tokens whose first character lies in content; their `text_offset` is an offset into
-the concatenated `content` (not into the raw text), so their texts concatenate to the content.
-With no parser configured (`ParserConfig()`), content, entries and offsets pass through
-unchanged. A `ParsedDelta` may be empty (everything held back); skip it when streaming.
+`choice_parser(index, config)` (`domain.parsers.build`), feed it every `ChoiceDelta` of that
+choice in order, and use the returned `ParsedDelta`s instead of the raw deltas. Under a forced
+tool call (`config.forced`) the content is the calls' JSON: it comes out as `tool_calls`
+deltas, with no content and no content entries (`domain.parsers.forced`). The delta with a
+`finish_reason` flushes the parser, so its `ParsedDelta` carries whatever was held back.
+`content_logprobs` are exactly the entries of tokens whose first character lies in content;
+their `text_offset` is an offset into the concatenated `content` (not into the raw text), so
+their texts concatenate to the content. With no parser configured (`ParserConfig()`), content,
+entries and offsets pass through unchanged. A `ParsedDelta` may be empty (everything held
+back); skip it when streaming.
 
 `reasoning_tokens` counts the tokens, released with this delta, whose first character lies in
 reasoning text (the markers' tokens and the whitespace stripped after the end are not
@@ -24,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from domain.outputs import ChoiceDelta, LogprobEntry
-from domain.tool_calls import ToolCallDelta, ToolCallMode
+from domain.emission.outputs import ChoiceDelta, LogprobEntry
+from domain.structured.tool_calls import ToolCallDelta, ToolCallMode
 
 REASONING_PARSERS = ("deepseek_r1", "qwen3")
 TOOL_CALL_PARSERS = ("hermes",)
@@ -114,19 +115,3 @@ class PassThrough:
             finish_reason=delta.finish_reason,
             stop_reason=delta.stop_reason,
         )
-
-
-def choice_parser(index: int, config: ParserConfig) -> ChoiceParser:
-    """The parser of choice `index` under `config`."""
-    # The real parsers live in domain.parsers.choice and .forced; imported late to keep this
-    # module the small, stable interface.
-    parser: ChoiceParser = PassThrough()
-    if config.segments:
-        from domain.parsers.choice import SegmentingParser
-
-        parser = SegmentingParser(index, config)
-    if config.forced is not None:
-        from domain.parsers.forced import ForcedCallParser
-
-        parser = ForcedCallParser(parser, config.forced)
-    return parser

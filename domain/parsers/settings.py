@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 
 from domain.parsers.parsed import REASONING_PARSERS, TOOL_CALL_PARSERS, ParserConfig
-from domain.tool_calls import ToolCallMode
+from domain.structured.tool_calls import ToolCallMode
 
 DEFAULT_START = "<think>"
 DEFAULT_END = "</think>"

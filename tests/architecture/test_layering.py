@@ -146,6 +146,11 @@ def test_every_layering_contract_is_configured() -> None:
     contracts = {contract["id"]: contract for contract in linter["contracts"]}
     assert linter["include_external_packages"] is True
     assert contracts["layers"]["layers"] == ["adapters", "ports", "domain"]
+    inside = contracts["domain-packages"]
+    assert inside["type"] == "layers" and inside["containers"] == ["domain"]
+    assert inside["exhaustive"] is True
+    assert contracts["domain-acyclic"]["type"] == "acyclic_siblings"
+    assert contracts["domain-acyclic"]["ancestors"] == ["domain"]
     for contract_id in ("domain-stdlib-only", "ports-domain-only"):
         forbidden = set(contracts[contract_id]["forbidden_modules"])
         assert {"adapters", "torch", "numpy", "falcon", "transformers"} <= forbidden
@@ -157,19 +162,48 @@ def test_import_linter_keeps_every_contract_on_this_tree() -> None:
     assert "0 broken" in result.stdout
 
 
+def _domain_layers() -> list[list[str]]:
+    """The domain's packages, top layer first, as the `domain-packages` contract orders them."""
+    config = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    contracts = {c["id"]: c for c in config["tool"]["importlinter"]["contracts"]}
+    return [
+        [name.strip() for name in layer.split("|")]
+        for layer in contracts["domain-packages"]["layers"]
+    ]
+
+
 def test_import_linter_breaks_contracts_on_a_tree_that_violates_them(tmp_path: Path) -> None:
     # Guards against contracts that silently match nothing, e.g. externals left out of the graph.
     (tmp_path / "pyproject.toml").write_bytes((REPO_ROOT / "pyproject.toml").read_bytes())
-    for package in ("domain", "ports", "adapters"):
+    stand_ins = ["domain", "ports", "adapters"]
+    stand_ins += [f"domain/{name}" for layer in _domain_layers() for name in layer]
+    for package in stand_ins:
         (tmp_path / package).mkdir()
         (tmp_path / package / "__init__.py").write_text('"""Stand-in package."""\n')
-    (tmp_path / "domain" / "leaky.py").write_text("import numpy\nfrom ports import executor\n")
+    domain = tmp_path / "domain"
+    (domain / "common" / "leaky.py").write_text("import numpy\nfrom ports import executor\n")
     (tmp_path / "ports" / "executor.py").write_text("from adapters import gpu\n")
-    (tmp_path / "domain" / "typed.py").write_text(
+    (domain / "common" / "typed.py").write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ports import executor\n"
     )
+    # A lower package reaching up, two siblings of one layer, and a circle inside one package.
+    (domain / "engine" / "step.py").write_text('"""Stand-in."""\n')
+    (domain / "emission" / "upward.py").write_text("from domain.engine import step\n")
+    (domain / "parsers" / "sideways.py").write_text("from domain.engine import step\n")
+    (domain / "structured" / "first.py").write_text("from domain.structured import second\n")
+    (domain / "structured" / "second.py").write_text("from domain.structured import first\n")
+    # A module at the top of the domain belongs to no package, so no layer.
+    (domain / "stray.py").write_text('"""Stand-in."""\n')
     result = _run_lint_imports(tmp_path)
     assert result.returncode != 0, result.stdout
-    assert "domain.typed" not in result.stdout
-    for chain in ("domain.leaky -> numpy", "domain.leaky -> ports", "ports.executor -> adapters"):
+    assert "domain.common.typed" not in result.stdout
+    for chain in (
+        "domain.common.leaky -> numpy",
+        "domain.common.leaky -> ports",
+        "ports.executor -> adapters",
+        "domain.emission.upward -> domain.engine.step",
+        "domain.parsers.sideways -> domain.engine.step",
+        "No cycles are allowed in domain.structured",
+        "domain.stray",
+    ):
         assert chain in result.stdout

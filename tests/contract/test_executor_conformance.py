@@ -12,14 +12,14 @@ from dataclasses import replace
 
 import pytest
 
-from domain.capabilities import FULL_LOGPROBS
-from domain.commit import commit_round
-from domain.grammar import GrammarKind, GrammarSpec
-from domain.logprobs import NO_TOKEN, LogprobOptions, sort_key
-from domain.prompt_scores import prompt_targets
-from domain.records import Finish, Role
-from domain.sampling import SamplingParams
-from domain.step import ExecutorGeometry, SlotWork, StepPlan
+from domain.contract.capabilities import FULL_LOGPROBS
+from domain.contract.records import Finish, Role
+from domain.engine.commit import commit_round
+from domain.engine.step import ExecutorGeometry, SlotWork, StepPlan
+from domain.logprobs.prompt_scores import prompt_targets
+from domain.logprobs.values import NO_TOKEN, LogprobOptions, sort_key
+from domain.requests.sampling import SamplingParams
+from domain.structured.grammar import GrammarKind, GrammarSpec
 from ports.executor import ModelExecutor
 from tests.fakes import FakeExecutor, FakeGrammarCompiler
 

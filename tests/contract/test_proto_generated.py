@@ -11,7 +11,7 @@ import pytest
 from google.protobuf import descriptor_pb2
 
 from adapters.core import core_pb2
-from domain.declarations import DTYPES, OPERATIONS, VALUE_SOURCES
+from domain.contract.declarations import DTYPES, OPERATIONS, VALUE_SOURCES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GENERATED = ("core_pb2.py", "core_pb2.pyi")

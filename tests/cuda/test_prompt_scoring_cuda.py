@@ -7,7 +7,7 @@ import torch
 
 from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
 from adapters.gpu.scoring.prompt_scorer import PromptScorer
-from domain.prompt_scores import PROMPT_ROW_WORDS, unpack_prompt_row
+from domain.logprobs.prompt_scores import PROMPT_ROW_WORDS, unpack_prompt_row
 
 pytestmark = pytest.mark.gpu
 

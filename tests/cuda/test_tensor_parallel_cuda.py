@@ -14,7 +14,7 @@ from adapters.gpu.logprobs.triton_reducer import TritonLogprobReducer  # noqa: E
 from adapters.gpu.parallel import triton_launches  # noqa: E402
 from adapters.gpu.parallel.devices import claim_device  # noqa: E402
 from adapters.gpu.parallel.reference_reducer import EXCHANGE_WORDS  # noqa: E402
-from domain.logprobs import NATURAL_TOP_K  # noqa: E402
+from domain.logprobs.values import NATURAL_TOP_K  # noqa: E402
 
 # tests/conftest.py skips these where there is no CUDA device; one GPU skips them here.
 pytestmark = [

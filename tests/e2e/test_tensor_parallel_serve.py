@@ -18,10 +18,10 @@ from pathlib import Path
 import openai
 import pytest
 
-from domain.engine_request import EngineRequest
-from domain.logprob_rules import LogprobAsk
-from domain.outputs import ChoiceDelta
-from domain.sampling import SamplingParams
+from domain.emission.outputs import ChoiceDelta
+from domain.logprobs.rules import LogprobAsk
+from domain.requests.engine_request import EngineRequest
+from domain.requests.sampling import SamplingParams
 from tests.e2e.conftest import (
     REPO_ROOT,
     RunningServer,

@@ -14,8 +14,8 @@ import pytest
 
 from adapters.grammar.llguidance_compiler import LlguidanceCompiler, LlguidanceGrammar
 from adapters.tokenizer.hf import HfTokenizer
-from domain.errors import InvalidRequestError
-from domain.grammar import GrammarKind, GrammarSpec
+from domain.common.errors import InvalidRequestError
+from domain.structured.grammar import GrammarKind, GrammarSpec
 from tests.support.tokenizers import build_byte_level_bpe
 
 # Forced literals of 180,000 characters: llguidance walks them for seconds before the first

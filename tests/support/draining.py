@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from domain.engine import Engine
-from domain.engine_request import EngineRequest
-from domain.outputs import RequestEnd
+from domain.emission.outputs import RequestEnd
+from domain.engine.engine import Engine
+from domain.requests.engine_request import EngineRequest
 
 # Far more steps than any test's requests need: past it the engine is wedged, not busy.
 MAX_STEPS = 10_000

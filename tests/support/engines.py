@@ -7,10 +7,10 @@ from pathlib import Path
 from adapters.gpu.factory import RunnerSettings, build_executor
 from adapters.grammar.llguidance_compiler import LlguidanceCompiler
 from adapters.tokenizer.hf import HfTokenizer
-from domain.capabilities import FULL_LOGPROBS, LogprobCapability
-from domain.engine import Engine, EngineConfig
-from domain.speculation import SpeculativeConfig
-from domain.step import StepPlan
+from domain.contract.capabilities import FULL_LOGPROBS, LogprobCapability
+from domain.engine.engine import Engine, EngineConfig
+from domain.engine.step import StepPlan
+from domain.speculation.drafts import SpeculativeConfig
 
 
 def build_engine(

@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from domain.engine import Engine
-from domain.outputs import ChoiceDelta, RequestEnd
+from domain.emission.outputs import ChoiceDelta, RequestEnd
+from domain.engine.engine import Engine
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from domain.logprobs import NO_TOKEN, PositionLogprobs, float_to_bits
+from domain.logprobs.values import NO_TOKEN, PositionLogprobs, float_to_bits
 
 
 def pack_position(position: PositionLogprobs, width: int) -> list[int]:

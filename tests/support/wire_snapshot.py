@@ -180,16 +180,16 @@ SEEDED: tuple[tuple[str, dict], ...] = (
 )
 
 
-# Responses name their items' IDs `item_id` in stream events and their time `created_at`.
-_IDS = ("id", "item_id")
-_CREATED = ("created", "created_at")
+_IDS = frozenset({"id", "item_id"})
+_TIMES = frozenset({"created", "created_at"})
 
 
 def _normalized(value: object) -> object:
-    """IDs and creation times differ per run; they become placeholders."""
+    """IDs and creation times differ per run; they become placeholders (the Responses API
+    names its times `created_at` and its events point at items by `item_id`)."""
     if isinstance(value, dict):
         return {
-            key: "<id>" if key in _IDS else 0 if key in _CREATED else _normalized(item)
+            key: "<id>" if key in _IDS else 0 if key in _TIMES else _normalized(item)
             for key, item in value.items()
         }
     if isinstance(value, list):

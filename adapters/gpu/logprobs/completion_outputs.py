@@ -11,14 +11,14 @@ from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer
 from adapters.gpu.parallel.collectives import Collectives
 from adapters.gpu.parallel.reference_reducer import VocabParallelLogprobReducer
 from adapters.gpu.parallel.split import RankSplit
-from domain.logprobs import (
+from domain.contract.records import HEADER_WORDS, CompletionRecord
+from domain.engine.step import ExecutorGeometry, FrameResult, SlotWork
+from domain.logprobs.values import (
     FULL_POSITION_WORDS,
     MAX_SELECTED_IDS,
     PositionLogprobs,
     unpack_position,
 )
-from domain.records import HEADER_WORDS, CompletionRecord
-from domain.step import ExecutorGeometry, FrameResult, SlotWork
 
 
 @dataclass(frozen=True, slots=True)

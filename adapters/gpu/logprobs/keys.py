@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from domain.prompt_scores import INVALID_BITS
+from domain.logprobs.prompt_scores import INVALID_BITS
 
 # The numbers below are plain Python ints, so the Triton kernels wrap these very values in
 # tl.constexpr where they use them; nothing here imports triton.
@@ -17,7 +17,7 @@ _SPARE_CANDIDATES = 8
 
 
 def order_keys(values: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """int64 sort keys of FP32 `values` and their IDs, equal to `domain.logprobs.sort_key`.
+    """int64 sort keys of FP32 `values` and their IDs, equal to `domain.logprobs.values.sort_key`.
 
     Larger key = larger value, then smaller token ID; -0.0 ranks as +0.0.
     """

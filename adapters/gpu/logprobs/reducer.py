@@ -6,7 +6,7 @@ from typing import NamedTuple, Protocol
 
 import torch
 
-from domain.logprobs import MAX_SELECTED_IDS, NATURAL_TOP_K
+from domain.logprobs.values import MAX_SELECTED_IDS, NATURAL_TOP_K
 
 LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

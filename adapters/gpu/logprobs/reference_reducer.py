@@ -7,7 +7,7 @@ import torch
 from adapters.gpu.logprobs.keys import key_token_ids, top_sort_keys
 from adapters.gpu.logprobs.normalizer import log_normalizer
 from adapters.gpu.logprobs.reducer import ReductionInputs, check_inputs, check_sizes
-from domain.logprobs import MAX_SELECTED_IDS, NATURAL_TOP_K, NO_TOKEN
+from domain.logprobs.values import MAX_SELECTED_IDS, NATURAL_TOP_K, NO_TOKEN
 
 
 class ReferenceLogprobReducer:

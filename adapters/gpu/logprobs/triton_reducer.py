@@ -28,7 +28,7 @@ from adapters.gpu.logprobs.normalizer import (
     SQRT_HALF,
 )
 from adapters.gpu.logprobs.reducer import ReductionInputs, check_inputs, check_sizes
-from domain.logprobs import MAX_SELECTED_IDS, NATURAL_TOP_K
+from domain.logprobs.values import MAX_SELECTED_IDS, NATURAL_TOP_K
 
 TILE_TREE_LEVELS = LSE_TILE.bit_length() - 1  # levels of a tile's pairwise exponential sum
 # Kernels may only read module globals that are constexpr: these wrap the shared numbers.

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from adapters.gpu.executor import TorchExecutor
 from adapters.gpu.parallel.collectives import ParallelFailure
 from adapters.gpu.parallel.group import RankGroup
-from domain.step import ExecutorGeometry, FrameResult, StepPlan
+from domain.engine.step import ExecutorGeometry, FrameResult, StepPlan
 
 _log = logging.getLogger(__name__)
 

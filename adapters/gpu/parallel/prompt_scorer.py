@@ -15,7 +15,7 @@ from adapters.gpu.scoring.prompt_scorer import (
     check_score_inputs,
     pack_prompt_rows,
 )
-from domain.logprobs import NATURAL_TOP_K, NO_TOKEN
+from domain.logprobs.values import NATURAL_TOP_K, NO_TOKEN
 
 EXCHANGE_WORDS = 64
 

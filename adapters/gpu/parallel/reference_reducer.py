@@ -10,7 +10,7 @@ from adapters.gpu.logprobs.reducer import ReductionInputs, check_inputs, check_s
 from adapters.gpu.logprobs.reference_reducer import write_positions
 from adapters.gpu.parallel.collectives import Collectives
 from adapters.gpu.parallel.shards import VocabShard
-from domain.logprobs import MAX_SELECTED_IDS, NO_TOKEN
+from domain.logprobs.values import MAX_SELECTED_IDS, NO_TOKEN
 
 EXCHANGE_WORDS = 256
 

@@ -20,7 +20,7 @@ from adapters.gpu.logprobs.triton_reducer import (
     tl_order_keys,
 )
 from adapters.gpu.parallel.reference_reducer import CHOSEN_WORD, EXCHANGE_WORDS, VALUE_WORDS
-from domain.logprobs import MAX_SELECTED_IDS
+from domain.logprobs.values import MAX_SELECTED_IDS
 
 # Kernels may only read module globals that are constexpr: these wrap the shared numbers.
 _NAN_BITS = tl.constexpr(NAN_BITS)

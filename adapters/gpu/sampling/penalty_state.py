@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from domain.step import SlotWork
+from domain.engine.step import SlotWork
 
 
 class PenaltyState:

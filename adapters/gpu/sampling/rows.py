@@ -8,7 +8,7 @@ import torch
 
 from adapters.gpu.sampling.penalty_state import PenaltyState
 from adapters.gpu.sampling.sampler import SamplingTensors
-from domain.step import SlotWork
+from domain.engine.step import SlotWork
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,13 +8,13 @@ import torch
 
 from adapters.gpu.parallel.prompt_scorer import VocabParallelPromptScorer
 from adapters.gpu.scoring.prompt_scorer import PROJECTION_ROWS, PromptScorer
-from domain.logprobs import NATURAL_TOP_K, NO_TOKEN
-from domain.prompt_scores import (
+from domain.logprobs.prompt_scores import (
     INVALID_BITS,
     PROMPT_ROW_WORDS,
     PromptScore,
     unpack_prompt_row,
 )
+from domain.logprobs.values import NATURAL_TOP_K, NO_TOKEN
 
 
 class PromptScoreFrames:

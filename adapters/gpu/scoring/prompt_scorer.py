@@ -8,8 +8,8 @@ import torch
 
 from adapters.gpu.logprobs.keys import key_token_ids, top_sort_keys
 from adapters.gpu.logprobs.normalizer import combine_tiles, tile_statistics
-from domain.logprobs import NATURAL_TOP_K, NO_TOKEN
-from domain.prompt_scores import INVALID_BITS, PROMPT_ROW_WORDS
+from domain.logprobs.prompt_scores import INVALID_BITS, PROMPT_ROW_WORDS
+from domain.logprobs.values import NATURAL_TOP_K, NO_TOKEN
 
 # Hidden rows projected through the LM head at once: the only logit matrix scoring holds is
 # [PROJECTION_ROWS, vocabulary], whatever the chunk length.

@@ -12,7 +12,7 @@ from adapters.gpu.model.kv_cache import PagedKVCache
 from adapters.gpu.parallel.collectives import Collectives
 from adapters.gpu.sampling.rows import SampledRow, sampling_tensors
 from adapters.gpu.sampling.sampler import Sampler
-from domain.step import SlotWork
+from domain.engine.step import SlotWork
 
 
 @dataclass(frozen=True, slots=True)

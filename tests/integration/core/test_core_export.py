@@ -19,14 +19,14 @@ from adapters.core.manifest import (
     read_manifest,
     write_manifest,
 )
-from domain.capabilities import (
+from domain.contract.capabilities import (
     FULL_LOGPROBS,
     NO_LOGPROBS,
     LogprobCapability,
     natural_top_k_problem,
     selected_ids_problem,
 )
-from domain.core_validation import CoreValidationError
+from domain.contract.core_validation import CoreValidationError
 from tests.support.tiny_serving import build_tiny_model_dir
 
 

@@ -22,8 +22,8 @@ from adapters.core.manifest import (
     read_manifest,
     write_manifest,
 )
-from domain.capabilities import FULL_LOGPROBS, LogprobCapability, scoring_problem
-from domain.core_validation import CoreValidationError
+from domain.contract.capabilities import FULL_LOGPROBS, LogprobCapability, scoring_problem
+from domain.contract.core_validation import CoreValidationError
 from tests.support.tiny_serving import build_tiny_model_dir
 
 ORDINARY_INPUTS = [

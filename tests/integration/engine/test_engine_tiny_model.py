@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from adapters.tokenizer.hf import HfTokenizer
-from domain.engine import Engine
-from domain.engine_request import EngineRequest
-from domain.outputs import ChoiceDelta, RequestEnd
-from domain.sampling import SamplingParams
+from domain.emission.outputs import ChoiceDelta, RequestEnd
+from domain.engine.engine import Engine
+from domain.requests.engine_request import EngineRequest
+from domain.requests.sampling import SamplingParams
 from tests.support.draining import drain
 from tests.support.engines import build_engine
 
@@ -132,8 +132,8 @@ def _bytes_per_block(model_dir: Path, block_size: int) -> int:
 
 
 def test_a_step_that_samples_nothing_uploads_no_logprob_flags(tiny_model_dir):
-    from domain.logprobs import LogprobOptions
-    from domain.step import SlotWork, StepPlan
+    from domain.engine.step import SlotWork, StepPlan
+    from domain.logprobs.values import LogprobOptions
 
     engine, tokenizer, _ = build_engine(tiny_model_dir)
     executor = engine._executor

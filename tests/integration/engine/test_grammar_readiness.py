@@ -10,11 +10,11 @@ import pytest
 
 from adapters.grammar.llguidance_compiler import LlguidanceCompiler, LlguidanceGrammar
 from adapters.tokenizer.hf import HfTokenizer
-from domain.channel import OutputChannel
-from domain.engine_request import EngineRequest
-from domain.grammar import GrammarKind, GrammarSpec
-from domain.outputs import ChoiceDelta, RequestEnd
-from domain.sampling import SamplingParams
+from domain.emission.outputs import ChoiceDelta, RequestEnd
+from domain.engine.channel import OutputChannel
+from domain.requests.engine_request import EngineRequest
+from domain.requests.sampling import SamplingParams
+from domain.structured.grammar import GrammarKind, GrammarSpec
 from tests.support.draining import MAX_STEPS
 from tests.support.engines import build_engine
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from domain.engine_request import EngineRequest
-from domain.grammar import GrammarKind, GrammarSpec
-from domain.logprob_rules import LogprobAsk
-from domain.outputs import ChoiceDelta
-from domain.sampling import SamplingParams
-from domain.speculation import SpeculativeConfig, SpeculativeMethod
+from domain.emission.outputs import ChoiceDelta
+from domain.logprobs.rules import LogprobAsk
+from domain.requests.engine_request import EngineRequest
+from domain.requests.sampling import SamplingParams
+from domain.speculation.drafts import SpeculativeConfig, SpeculativeMethod
+from domain.structured.grammar import GrammarKind, GrammarSpec
 from tests.support.breaking_grammars import row_explosion_grammar
 from tests.support.draining import drain
 from tests.support.engines import build_engine

@@ -9,12 +9,12 @@ import pytest
 import torch
 import transformers
 
-from domain.capabilities import LogprobCapability, scored_capacities
-from domain.engine_request import EngineRequest
-from domain.errors import InvalidRequestError
-from domain.logprob_rules import LogprobAsk
-from domain.outputs import ChoiceDelta, PromptScores
-from domain.sampling import SamplingParams
+from domain.common.errors import InvalidRequestError
+from domain.contract.capabilities import LogprobCapability, scored_capacities
+from domain.emission.outputs import ChoiceDelta, PromptScores
+from domain.logprobs.rules import LogprobAsk
+from domain.requests.engine_request import EngineRequest
+from domain.requests.sampling import SamplingParams
 from tests.support.draining import drain
 from tests.support.engines import build_engine
 

@@ -6,10 +6,10 @@ import pytest
 
 from adapters.cli import bootstrap
 from adapters.gpu.factory import RunnerSettings
-from domain.engine import EngineConfig
-from domain.engine_request import EngineRequest
-from domain.outputs import ChoiceDelta, RequestEnd
-from domain.sampling import SamplingParams
+from domain.emission.outputs import ChoiceDelta, RequestEnd
+from domain.engine.engine import EngineConfig
+from domain.requests.engine_request import EngineRequest
+from domain.requests.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
 

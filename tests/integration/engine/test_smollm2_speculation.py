@@ -23,13 +23,13 @@ import pytest
 from adapters.cli import bootstrap
 from adapters.gpu.factory import RunnerSettings
 from adapters.gpu.loading.default_model import default_model_dir
-from domain.engine import Engine, EngineConfig
-from domain.engine_request import EngineRequest
-from domain.logprob_rules import LogprobAsk
-from domain.outputs import ChoiceDelta
-from domain.sampling import SamplingParams
-from domain.speculation import SpeculativeConfig, SpeculativeMethod
-from domain.step_stats import StepStats
+from domain.emission.outputs import ChoiceDelta
+from domain.engine.engine import Engine, EngineConfig
+from domain.engine.step_stats import StepStats
+from domain.logprobs.rules import LogprobAsk
+from domain.requests.engine_request import EngineRequest
+from domain.requests.sampling import SamplingParams
+from domain.speculation.drafts import SpeculativeConfig, SpeculativeMethod
 from tests.support.draining import drain
 
 pytestmark = pytest.mark.slow

@@ -18,13 +18,13 @@ from adapters.cli import bootstrap
 from adapters.gpu.factory import RunnerSettings
 from adapters.gpu.loading.default_model import default_model_dir
 from adapters.tokenizer.hf import HfTokenizer
-from domain.engine import EngineConfig
-from domain.engine_request import EngineRequest
-from domain.logprob_rules import LogprobAsk
-from domain.logprobs import MAX_SELECTED_IDS, NATURAL_TOP_K
-from domain.outputs import ChoiceDelta, PromptScores
-from domain.sampling import SamplingParams
-from domain.speculation import SpeculativeConfig, SpeculativeMethod
+from domain.emission.outputs import ChoiceDelta, PromptScores
+from domain.engine.engine import EngineConfig
+from domain.logprobs.rules import LogprobAsk
+from domain.logprobs.values import MAX_SELECTED_IDS, NATURAL_TOP_K
+from domain.requests.engine_request import EngineRequest
+from domain.requests.sampling import SamplingParams
+from domain.speculation.drafts import SpeculativeConfig, SpeculativeMethod
 from tests.support.draining import drain
 
 pytestmark = pytest.mark.slow

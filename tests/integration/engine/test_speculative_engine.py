@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from domain.engine import Engine
-from domain.engine_request import EngineRequest
-from domain.logprob_rules import LogprobAsk
-from domain.logprobs import PositionLogprobs
-from domain.outputs import ChoiceDelta
-from domain.records import Role
-from domain.sampling import SamplingParams
-from domain.speculation import SpeculativeConfig, SpeculativeMethod
-from domain.step import FrameResult, StepPlan
+from domain.contract.records import Role
+from domain.emission.outputs import ChoiceDelta
+from domain.engine.engine import Engine
+from domain.engine.step import FrameResult, StepPlan
+from domain.logprobs.rules import LogprobAsk
+from domain.logprobs.values import PositionLogprobs
+from domain.requests.engine_request import EngineRequest
+from domain.requests.sampling import SamplingParams
+from domain.speculation.drafts import SpeculativeConfig, SpeculativeMethod
 from tests.support.draining import drain
 from tests.support.engines import build_engine
 
@@ -355,7 +355,7 @@ def test_sampled_tokens_with_a_draft_model_follow_the_plain_distribution(tiny_mo
 def test_a_draft_model_with_another_vocabulary_is_refused_at_load(tiny_model_dir, tmp_path):
     from adapters.cli import bootstrap
     from adapters.gpu.factory import RunnerSettings
-    from domain.engine import EngineConfig
+    from domain.engine.engine import EngineConfig
     from tests.support.tiny_serving import build_tiny_model_dir
 
     other = build_tiny_model_dir(tmp_path / "other", byte_fallback=True)

@@ -15,11 +15,11 @@ from adapters.gpu.model.config import ModelConfig
 from adapters.gpu.model.kv_cache import PagedKVCache
 from adapters.grammar.llguidance_compiler import LlguidanceCompiler
 from adapters.tokenizer.hf import HfTokenizer
-from domain.engine_request import EngineRequest
-from domain.grammar import GrammarKind, GrammarSpec
-from domain.logprob_rules import LogprobAsk
-from domain.records import Role
-from domain.sampling import SamplingParams
+from domain.contract.records import Role
+from domain.logprobs.rules import LogprobAsk
+from domain.requests.engine_request import EngineRequest
+from domain.requests.sampling import SamplingParams
+from domain.structured.grammar import GrammarKind, GrammarSpec
 from tests.integration.engine.test_speculative_engine import (
     FP32_ROUNDING,
     NGRAM,

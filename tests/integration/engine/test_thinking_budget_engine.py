@@ -11,15 +11,15 @@ import dataclasses
 import json
 from pathlib import Path
 
-from domain.engine import Engine, EngineConfig
-from domain.engine_request import EngineRequest
-from domain.grammar import GrammarKind, GrammarSpec
-from domain.logprob_rules import LogprobAsk
-from domain.outputs import ChoiceDelta
-from domain.records import CompletionRecord
-from domain.sampling import SamplingParams
-from domain.speculation import SpeculativeConfig, SpeculativeMethod
-from domain.thinking import ThinkingBudget, ThinkingMarkers
+from domain.contract.records import CompletionRecord
+from domain.emission.outputs import ChoiceDelta
+from domain.engine.engine import Engine, EngineConfig
+from domain.logprobs.rules import LogprobAsk
+from domain.reasoning.thinking import ThinkingBudget, ThinkingMarkers
+from domain.requests.engine_request import EngineRequest
+from domain.requests.sampling import SamplingParams
+from domain.speculation.drafts import SpeculativeConfig, SpeculativeMethod
+from domain.structured.grammar import GrammarKind, GrammarSpec
 from tests.support.draining import drain
 from tests.support.engines import build_engine
 

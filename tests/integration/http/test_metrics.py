@@ -26,8 +26,7 @@ from adapters.http.app import create_app
 from adapters.http.errors import rejection_reason
 from adapters.http.serving import HttpSettings, ModelHolder, ServedModel
 from adapters.metrics.prometheus import PrometheusMetrics
-from domain.engine_request import CheckedRequest
-from domain.errors import (
+from domain.common.errors import (
     AuthenticationError,
     InvalidRequestError,
     NotFoundError,
@@ -36,9 +35,10 @@ from domain.errors import (
     PayloadTooLargeError,
     RequestFailedError,
 )
-from domain.logprobs import NATURAL_TOP_K
-from domain.prompt_scores import PROMPT_ROW_WORDS
-from domain.records import DEFAULT_TOKEN_CAPACITY
+from domain.contract.records import DEFAULT_TOKEN_CAPACITY
+from domain.logprobs.prompt_scores import PROMPT_ROW_WORDS
+from domain.logprobs.values import NATURAL_TOP_K
+from domain.requests.engine_request import CheckedRequest
 from tests.support.prometheus import Scrape
 from tests.support.step_gate import StepGate
 

@@ -17,7 +17,7 @@ from falcon import testing
 
 from adapters.http.app import create_app
 from adapters.http.serving import ModelHolder
-from domain.records import Role
+from domain.contract.records import Role
 from tests.integration.http.conftest import serve_tiny
 from tests.support.asgi_stream import stream_post
 from tests.support.sse import json_frames

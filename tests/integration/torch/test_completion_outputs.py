@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from adapters.gpu.logprobs.completion_outputs import CompletionOutputs
-from domain.logprobs import LogprobOptions
-from domain.records import CompletionRecord, Role
-from domain.sampling import SamplingParams
-from domain.step import ExecutorGeometry, SlotWork
+from domain.contract.records import CompletionRecord, Role
+from domain.engine.step import ExecutorGeometry, SlotWork
+from domain.logprobs.values import LogprobOptions
+from domain.requests.sampling import SamplingParams
 
 VOCAB = 50
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from adapters.gpu.logprobs.keys import order_keys
 from adapters.gpu.logprobs.reducer import ReductionInputs
 from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer
-from domain.logprobs import (
+from domain.logprobs.values import (
     FULL_POSITION_WORDS,
     MAX_SELECTED_IDS,
     NATURAL_TOP_K,

@@ -24,7 +24,7 @@ from adapters.gpu.logprobs.normalizer import LSE_TILE
 from adapters.gpu.logprobs.reducer import ReductionInputs
 from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer
 from adapters.gpu.logprobs.triton_reducer import TritonLogprobReducer, tl_order_keys
-from domain.logprobs import FULL_POSITION_WORDS, MAX_SELECTED_IDS, NATURAL_TOP_K
+from domain.logprobs.values import FULL_POSITION_WORDS, MAX_SELECTED_IDS, NATURAL_TOP_K
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SENTINEL = 0x5A5A5A5A

@@ -18,7 +18,12 @@ from adapters.gpu.parallel.reference_reducer import (
     VocabParallelLogprobReducer,
 )
 from adapters.gpu.parallel.shards import shard_range
-from domain.logprobs import FULL_POSITION_WORDS, MAX_SELECTED_IDS, NATURAL_TOP_K, bits_to_float
+from domain.logprobs.values import (
+    FULL_POSITION_WORDS,
+    MAX_SELECTED_IDS,
+    NATURAL_TOP_K,
+    bits_to_float,
+)
 from tests.support.gloo import gloo_rank, record_each, refusal, spawn_worlds
 
 SENTINEL = 0x5A5A5A5A

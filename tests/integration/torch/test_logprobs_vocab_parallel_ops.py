@@ -21,7 +21,7 @@ from adapters.gpu.parallel.reference_reducer import (  # noqa: E402
     VocabParallelLogprobReducer,
 )
 from adapters.gpu.parallel.shards import shard_range  # noqa: E402
-from domain.logprobs import NATURAL_TOP_K  # noqa: E402
+from domain.logprobs.values import NATURAL_TOP_K  # noqa: E402
 from tests.integration.torch.test_logprobs_vocab_parallel import (  # noqa: E402
     Scenario,
     _reference,

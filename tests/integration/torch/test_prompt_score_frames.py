@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
-from domain.prompt_scores import INVALID_BITS, PROMPT_ROW_WORDS
+from domain.logprobs.prompt_scores import INVALID_BITS, PROMPT_ROW_WORDS
 
 VOCAB = 300
 HIDDEN = 16

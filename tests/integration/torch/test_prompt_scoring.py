@@ -11,13 +11,13 @@ import torch
 
 from adapters.gpu.logprobs.normalizer import combine_tiles, tile_statistics
 from adapters.gpu.scoring.prompt_scorer import PROJECTION_ROWS, PromptScorer
-from domain.logprobs import NATURAL_TOP_K, NO_TOKEN, bits_to_float
-from domain.prompt_scores import (
+from domain.logprobs.prompt_scores import (
     INVALID_BITS,
     PROMPT_ROW_WORDS,
     prompt_targets,
     unpack_prompt_row,
 )
+from domain.logprobs.values import NATURAL_TOP_K, NO_TOKEN, bits_to_float
 from tests.support.tiny_models import build_tiny_llama
 
 transformers = pytest.importorskip("transformers")

@@ -24,8 +24,8 @@ from adapters.gpu.parallel.prompt_scorer import (
 )
 from adapters.gpu.parallel.shards import shard_range
 from adapters.gpu.scoring.prompt_scorer import PROJECTION_ROWS, PromptScorer
-from domain.logprobs import NATURAL_TOP_K, NO_TOKEN
-from domain.prompt_scores import INVALID_BITS, PROMPT_ROW_WORDS
+from domain.logprobs.prompt_scores import INVALID_BITS, PROMPT_ROW_WORDS
+from domain.logprobs.values import NATURAL_TOP_K, NO_TOKEN
 from tests.support.gloo import gloo_rank, record_each, refusal, spawn_worlds
 
 SENTINEL = 0x5A5A5A5A

@@ -23,16 +23,16 @@ from adapters.gpu.parallel.reference_reducer import EXCHANGE_WORDS as LOGPROB_WO
 from adapters.gpu.parallel.shards import shard_range
 from adapters.grammar.llguidance_compiler import LlguidanceCompiler
 from adapters.tokenizer.hf import HfTokenizer
-from domain.capabilities import LogprobCapability, scored_capacities
-from domain.engine import Engine, EngineConfig
-from domain.engine_request import EngineRequest
-from domain.grammar import GrammarKind, GrammarSpec
-from domain.logprob_rules import LogprobAsk
-from domain.logprobs import MAX_SELECTED_IDS, NATURAL_TOP_K, bits_to_float
-from domain.outputs import ChoiceDelta, PromptScores
-from domain.sampling import SamplingParams
-from domain.speculation import SpeculativeConfig, SpeculativeMethod
-from domain.thinking import ThinkingBudget, ThinkingMarkers
+from domain.contract.capabilities import LogprobCapability, scored_capacities
+from domain.emission.outputs import ChoiceDelta, PromptScores
+from domain.engine.engine import Engine, EngineConfig
+from domain.logprobs.rules import LogprobAsk
+from domain.logprobs.values import MAX_SELECTED_IDS, NATURAL_TOP_K, bits_to_float
+from domain.reasoning.thinking import ThinkingBudget, ThinkingMarkers
+from domain.requests.engine_request import EngineRequest
+from domain.requests.sampling import SamplingParams
+from domain.speculation.drafts import SpeculativeConfig, SpeculativeMethod
+from domain.structured.grammar import GrammarKind, GrammarSpec
 from tests.support import parallel_world as world
 from tests.support.draining import drain
 from tests.support.tiny_serving import (

@@ -15,11 +15,11 @@ from adapters.gpu.factory import ExecutorRecipe
 from adapters.gpu.parallel.group import Rendezvous
 from adapters.grammar.llguidance_compiler import LlguidanceCompiler
 from adapters.tokenizer.hf import HfTokenizer
-from domain.engine import Engine, EngineConfig
-from domain.engine_request import EngineRequest
-from domain.grammar import GrammarKind, GrammarSpec
-from domain.outputs import ChoiceDelta
-from domain.sampling import SamplingParams
+from domain.emission.outputs import ChoiceDelta
+from domain.engine.engine import Engine, EngineConfig
+from domain.requests.engine_request import EngineRequest
+from domain.requests.sampling import SamplingParams
+from domain.structured.grammar import GrammarKind, GrammarSpec
 from tests.support import parallel_world as world
 from tests.support.breaking_grammars import row_explosion_grammar
 from tests.support.draining import drain

@@ -19,13 +19,13 @@ from adapters.gpu.parallel.group import Rendezvous
 from adapters.gpu.parallel.prompt_scorer import EXCHANGED_PAIRS
 from adapters.gpu.parallel.shards import shard_range
 from adapters.tokenizer.hf import HfTokenizer
-from domain.capabilities import LogprobCapability, scored_capacities
-from domain.engine import Engine, EngineConfig
-from domain.engine_request import EngineRequest
-from domain.logprob_rules import LogprobAsk
-from domain.logprobs import NATURAL_TOP_K
-from domain.outputs import ChoiceDelta, PromptScores
-from domain.sampling import SamplingParams
+from domain.contract.capabilities import LogprobCapability, scored_capacities
+from domain.emission.outputs import ChoiceDelta, PromptScores
+from domain.engine.engine import Engine, EngineConfig
+from domain.logprobs.rules import LogprobAsk
+from domain.logprobs.values import NATURAL_TOP_K
+from domain.requests.engine_request import EngineRequest
+from domain.requests.sampling import SamplingParams
 from tests.support import parallel_world as world
 from tests.support.draining import drain
 from tests.support.tiny_models import build_tiny_qwen2

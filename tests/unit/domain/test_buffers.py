@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from domain.buffers import (
+from domain.contract.buffers import (
     CONTRACT_BUFFERS,
     GENERATION_GROUPS,
     BufferGroup,
@@ -16,7 +16,7 @@ from domain.buffers import (
     contract_buffer,
     input_sources,
 )
-from domain.declarations import VALUE_SOURCES, describe_form
+from domain.contract.declarations import VALUE_SOURCES, describe_form
 
 CONTRACT = Path(__file__).resolve().parents[3] / "contracts" / "buffers.md"
 # A buffer row of the contract's tables: | `name` | dtype | [extents] | meaning |

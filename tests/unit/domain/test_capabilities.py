@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from domain.buffers import CONTRACT_BUFFERS, BufferGroup, contract_buffer
-from domain.capabilities import (
+from domain.contract.buffers import CONTRACT_BUFFERS, BufferGroup, contract_buffer
+from domain.contract.capabilities import (
     FULL_LOGPROBS,
     NO_LOGPROBS,
     LogprobCapability,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from domain.commit import commit_round
-from domain.records import Finish
-from domain.sampling import SamplingParams
-from domain.step import SlotWork
+from domain.contract.records import Finish
+from domain.engine.commit import commit_round
+from domain.engine.step import SlotWork
+from domain.requests.sampling import SamplingParams
 
 STOP = 7
 

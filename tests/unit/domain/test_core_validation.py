@@ -7,9 +7,9 @@ from collections.abc import Iterable
 
 import pytest
 
-from domain.capabilities import FULL_LOGPROBS, NO_LOGPROBS, LogprobCapability
-from domain.core_validation import CoreValidationError, validate_declarations
-from domain.declarations import BufferDeclaration, GraphDeclaration
+from domain.contract.capabilities import FULL_LOGPROBS, NO_LOGPROBS, LogprobCapability
+from domain.contract.core_validation import CoreValidationError, validate_declarations
+from domain.contract.declarations import BufferDeclaration, GraphDeclaration
 
 CAPACITY = 16
 T = 8

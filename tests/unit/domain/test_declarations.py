@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from domain.declarations import (
+from domain.contract.declarations import (
     SAMPLING_OPERATIONS,
     BufferDeclaration,
     GraphDeclaration,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from domain.detokenizer import IncrementalDetokenizer
+from domain.emission.detokenizer import IncrementalDetokenizer
 
 EMOJI = "\U0001f600".encode()  # four bytes: F0 9F 98 80
 CJK = "\u4e2d".encode()  # three bytes: E4 B8 AD

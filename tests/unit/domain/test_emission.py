@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from domain.emission import ChoiceEmission
-from domain.errors import LogprobDataError
-from domain.logprobs import PositionLogprobs, TokenLogprob
-from domain.records import CompletionRecord, Finish, Role
-from domain.sampling import SamplingParams
+from domain.common.errors import LogprobDataError
+from domain.contract.records import CompletionRecord, Finish, Role
+from domain.emission.choice import ChoiceEmission
+from domain.logprobs.values import PositionLogprobs, TokenLogprob
+from domain.requests.sampling import SamplingParams
 
 EOS = 0
 PIECES = {EOS: b"</s>", 1: b"ab", 2: b"c", 3: b"\xe2\x82", 4: b"\xac!", 5: b"x", 6: b"yz"}
@@ -205,9 +205,9 @@ def test_a_choice_without_logprobs_ignores_any_payload():
 
 
 def test_minus_infinity_goes_on_the_wire_as_minus_9999():
-    from domain.logprob_presentation import TokenRendering, completion_logprobs
-    from domain.logprobs import LogprobOptions
-    from domain.outputs import LogprobEntry
+    from domain.emission.outputs import LogprobEntry
+    from domain.logprobs.values import LogprobOptions
+    from domain.presentation.logprobs import TokenRendering, completion_logprobs
 
     entry = LogprobEntry(
         PositionLogprobs(TokenLogprob(1, float("-inf")), (TokenLogprob(2, -1.5),)), 0

@@ -6,13 +6,13 @@ import dataclasses
 
 import pytest
 
-from domain.engine import Engine, EngineConfig
-from domain.engine_request import EngineRequest
-from domain.errors import InvalidRequestError
-from domain.logprob_rules import LogprobAsk
-from domain.outputs import ChoiceDelta, RequestEnd
-from domain.sampling import SamplingParams
-from domain.step import ExecutorGeometry, FrameResult
+from domain.common.errors import InvalidRequestError
+from domain.emission.outputs import ChoiceDelta, RequestEnd
+from domain.engine.engine import Engine, EngineConfig
+from domain.engine.step import ExecutorGeometry, FrameResult
+from domain.logprobs.rules import LogprobAsk
+from domain.requests.engine_request import EngineRequest
+from domain.requests.sampling import SamplingParams
 from tests.fakes import FAKE_EOS, FakeExecutor, FakeTokenizer, next_token
 
 

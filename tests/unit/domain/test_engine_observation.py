@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from domain.engine import Engine, EngineConfig
-from domain.engine_request import EngineRequest
-from domain.logprob_rules import LogprobAsk
-from domain.sampling import SamplingParams
-from domain.step import ExecutorGeometry
-from domain.step_stats import FinishedChoice, SchedulerState
+from domain.engine.engine import Engine, EngineConfig
+from domain.engine.step import ExecutorGeometry
+from domain.engine.step_stats import FinishedChoice, SchedulerState
+from domain.logprobs.rules import LogprobAsk
+from domain.requests.engine_request import EngineRequest
+from domain.requests.sampling import SamplingParams
 from tests.fakes import (
     FAKE_POSITION_BYTES,
     FAKE_PROMPT_ROW_BYTES,

@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from domain.engine import Engine, EngineConfig
-from domain.engine_request import EngineRequest
-from domain.grammar import GrammarKind, GrammarSpec
-from domain.sampling import SamplingParams
-from domain.speculation import SpeculativeConfig, SpeculativeMethod
-from domain.step import ExecutorGeometry
-from domain.thinking import ThinkingBudget, ThinkingMarkers
+from domain.engine.engine import Engine, EngineConfig
+from domain.engine.step import ExecutorGeometry
+from domain.reasoning.thinking import ThinkingBudget, ThinkingMarkers
+from domain.requests.engine_request import EngineRequest
+from domain.requests.sampling import SamplingParams
+from domain.speculation.drafts import SpeculativeConfig, SpeculativeMethod
+from domain.structured.grammar import GrammarKind, GrammarSpec
 from tests.fakes import FAKE_EOS, FakeExecutor, FakeGrammarCompiler, FakeTokenizer, next_token
 from tests.support.draining import drain
 from tests.unit.domain.test_thinking_budget import tokens_of

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from domain.grammar import GrammarKind, GrammarSpec
-from domain.grammar_catch_up import CatchUp, grammar_catch_up
-from domain.sampling import SamplingParams
-from domain.step import SlotWork
+from domain.engine.grammar_catch_up import CatchUp, grammar_catch_up
+from domain.engine.step import SlotWork
+from domain.requests.sampling import SamplingParams
+from domain.structured.grammar import GrammarKind, GrammarSpec
 
 CHOICE = GrammarSpec(GrammarKind.CHOICE, json.dumps(["abc"]))
 
@@ -93,7 +93,7 @@ def letter(token_id: int) -> str:
 
 
 def test_the_fake_restarts_a_matcher_at_position_zero_as_the_grammar_lanes_do():
-    from domain.step import ExecutorGeometry, StepPlan
+    from domain.engine.step import ExecutorGeometry, StepPlan
     from tests.fakes import FakeExecutor, FakeGrammarCompiler
 
     geometry = ExecutorGeometry(

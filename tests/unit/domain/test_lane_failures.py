@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from domain.engine import Engine, EngineConfig
-from domain.engine_request import EngineRequest
-from domain.grammar import GrammarKind, GrammarSpec
-from domain.outputs import ChoiceDelta, RequestEnd
-from domain.sampling import SamplingParams
-from domain.step import ExecutorGeometry
+from domain.emission.outputs import ChoiceDelta, RequestEnd
+from domain.engine.engine import Engine, EngineConfig
+from domain.engine.step import ExecutorGeometry
+from domain.requests.engine_request import EngineRequest
+from domain.requests.sampling import SamplingParams
+from domain.structured.grammar import GrammarKind, GrammarSpec
 from tests.fakes import FakeExecutor, FakeGrammarCompiler, FakeTokenizer
 from tests.support.draining import drain
 

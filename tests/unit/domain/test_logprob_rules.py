@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from domain.errors import InvalidRequestError
-from domain.logprob_rules import (
+from domain.common.errors import InvalidRequestError
+from domain.logprobs.rules import (
     LogprobAsk,
     LogprobLimits,
     check_logprob_ask,
     responses_include,
     responses_logprob_ask,
 )
-from domain.logprobs import LogprobOptions
+from domain.logprobs.values import LogprobOptions
 
 FULL = LogprobLimits(
     top_k=20, selects_ids=True, scores_prompts=True, max_logprobs=20, vocab_size=50

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from domain.logprobs import (
+from domain.logprobs.values import (
     FULL_POSITION_WORDS,
     LOGPROB_FLOOR,
     MAX_SELECTED_IDS,

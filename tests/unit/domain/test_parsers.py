@@ -11,15 +11,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain.emission import ChoiceEmission
-from domain.logprobs import PositionLogprobs, TokenLogprob
-from domain.outputs import ChoiceDelta, LogprobEntry
+from domain.contract.records import CompletionRecord, Finish, Role
+from domain.emission.choice import ChoiceEmission
+from domain.emission.outputs import ChoiceDelta, LogprobEntry
+from domain.logprobs.values import PositionLogprobs, TokenLogprob
+from domain.parsers.build import choice_parser
 from domain.parsers.forced import whole_forced_answer
-from domain.parsers.parsed import ParsedDelta, ParserConfig, choice_parser
+from domain.parsers.parsed import ParsedDelta, ParserConfig
 from domain.parsers.spans import Kind
-from domain.records import CompletionRecord, Finish, Role
-from domain.sampling import SamplingParams
-from domain.tool_calls import ToolCallMode
+from domain.requests.sampling import SamplingParams
+from domain.structured.tool_calls import ToolCallMode
 
 DEEPSEEK = ParserConfig(reasoning_parser="deepseek_r1")
 QWEN = ParserConfig(reasoning_parser="qwen3")

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from domain.channel import OutputChannel
-from domain.errors import LogprobDataError
-from domain.logprob_presentation import (
+from domain.common.errors import LogprobDataError
+from domain.emission.outputs import ChoiceDelta, PromptScores
+from domain.engine.channel import OutputChannel
+from domain.logprobs.prompt_scores import PromptScore, new_prompt_scores
+from domain.logprobs.values import TokenLogprob
+from domain.presentation.logprobs import (
     TokenRendering,
     echo_logprobs,
     prompt_offsets,
     vllm_prompt_logprobs,
 )
-from domain.logprobs import TokenLogprob
-from domain.outputs import ChoiceDelta, PromptScores
-from domain.prompt_scores import PromptScore, new_prompt_scores
 
 PROMPT = (5, 6, 7, 8, 9)
 

@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from domain.logprobs import NATURAL_TOP_K, NO_TOKEN, TokenLogprob, float_to_bits
-from domain.prompt_scores import (
+from domain.logprobs.prompt_scores import (
     INVALID_BITS,
     PROMPT_ROW_WORDS,
     PromptScore,
     prompt_targets,
     unpack_prompt_row,
 )
+from domain.logprobs.values import NATURAL_TOP_K, NO_TOKEN, TokenLogprob, float_to_bits
 
 
 def packed(token_id: int, logprob: float, rank: int, pairs: list[tuple[int, float]]) -> list[int]:

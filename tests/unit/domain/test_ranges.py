@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from domain.api_request import ApiRequest, Prompt
-from domain.engine_request import EngineRequest
-from domain.errors import InvalidRequestError
-from domain.logprob_rules import LogprobAsk
-from domain.logprobs import LogprobOptions
-from domain.ranges import INT32_MAX, IntRange, check_logprob_count, check_token_ids
-from domain.sampling import SamplingParams
+from domain.common.errors import InvalidRequestError
+from domain.common.ranges import INT32_MAX, IntRange, check_logprob_count, check_token_ids
+from domain.logprobs.rules import LogprobAsk
+from domain.logprobs.values import LogprobOptions
+from domain.requests.api_request import ApiRequest, Prompt
+from domain.requests.engine_request import EngineRequest
+from domain.requests.sampling import SamplingParams
 
 HUGE = 10**400
 PROMPT = (Prompt((1, 2), "ab"),)

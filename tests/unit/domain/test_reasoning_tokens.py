@@ -7,12 +7,13 @@ from collections.abc import Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from domain.emission import ChoiceEmission
-from domain.logprobs import PositionLogprobs, TokenLogprob
-from domain.outputs import ChoiceDelta
-from domain.parsers.parsed import ParsedDelta, ParserConfig, choice_parser
-from domain.records import CompletionRecord, Finish, Role
-from domain.sampling import SamplingParams
+from domain.contract.records import CompletionRecord, Finish, Role
+from domain.emission.choice import ChoiceEmission
+from domain.emission.outputs import ChoiceDelta
+from domain.logprobs.values import PositionLogprobs, TokenLogprob
+from domain.parsers.build import choice_parser
+from domain.parsers.parsed import ParsedDelta, ParserConfig
+from domain.requests.sampling import SamplingParams
 
 DEEPSEEK = ParserConfig(reasoning_parser="deepseek_r1")
 QWEN = ParserConfig(reasoning_parser="qwen3")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from domain.logprobs import PositionLogprobs, TokenLogprob
-from domain.outputs import ChoiceDelta, LogprobEntry, Usage
-from domain.parsers.parsed import ParsedDelta, ParserConfig, choice_parser
-from domain.presentation import ResponseHeader
-from domain.response_assembler import ResponseAssembler
-from domain.response_objects import ResponseSettings
-from domain.tool_calls import ToolCallDelta, ToolCallMode
+from domain.emission.outputs import ChoiceDelta, LogprobEntry, Usage
+from domain.logprobs.values import PositionLogprobs, TokenLogprob
+from domain.parsers.build import choice_parser
+from domain.parsers.parsed import ParsedDelta, ParserConfig
+from domain.presentation.objects import ResponseHeader
+from domain.responses.assembler import ResponseAssembler
+from domain.responses.objects import ResponseSettings
+from domain.structured.tool_calls import ToolCallDelta, ToolCallMode
 
 HEADER = ResponseHeader("resp_1", 7, "m")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from domain.response_store import ResponseStore, StoredResponse
+from domain.responses.store import ResponseStore, StoredResponse
 
 
 def make_stored(size: int = 10) -> StoredResponse:

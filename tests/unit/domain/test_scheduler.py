@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from domain.records import CompletionRecord, Role
-from domain.sampling import SamplingParams
-from domain.scheduler import Scheduler, SchedulerConfig
-from domain.sequence import Sequence, SequenceState
+from domain.contract.records import CompletionRecord, Role
+from domain.engine.scheduler import Scheduler, SchedulerConfig
+from domain.engine.sequence import Sequence, SequenceState
+from domain.requests.sampling import SamplingParams
 
 
 def make_sequence(request_id: str, prompt_len: int, arrival: int = 0) -> Sequence:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from domain.records import CompletionRecord, Role
-from domain.scheduler import Scheduler, SchedulerConfig
+from domain.contract.records import CompletionRecord, Role
+from domain.engine.scheduler import Scheduler, SchedulerConfig
 from tests.unit.domain.test_scheduler import make_sequence
 
 

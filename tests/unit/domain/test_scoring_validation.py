@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from domain.capabilities import FULL_LOGPROBS, LogprobCapability, scored_capacities
-from domain.core_validation import CoreValidationError
-from domain.declarations import BufferDeclaration, GraphDeclaration
+from domain.contract.capabilities import FULL_LOGPROBS, LogprobCapability, scored_capacities
+from domain.contract.core_validation import CoreValidationError
+from domain.contract.declarations import BufferDeclaration, GraphDeclaration
 from tests.unit.domain.test_core_validation import (
     CAPACITY,
     COUNTS,

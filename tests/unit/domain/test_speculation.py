@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from domain.speculation import (
+from domain.speculation.drafts import (
     NgramProposer,
     SpeculativeConfig,
     SpeculativeConfigError,

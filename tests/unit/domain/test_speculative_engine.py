@@ -12,14 +12,14 @@ from collections.abc import Sequence
 
 import pytest
 
-from domain.engine import Engine, EngineConfig
-from domain.engine_request import EngineRequest
-from domain.logprob_rules import LogprobAsk
-from domain.outputs import ChoiceDelta
-from domain.records import Finish, Role
-from domain.sampling import SamplingParams
-from domain.speculation import SpeculativeConfig, SpeculativeMethod
-from domain.step import ExecutorGeometry, FrameResult, StepPlan
+from domain.contract.records import Finish, Role
+from domain.emission.outputs import ChoiceDelta
+from domain.engine.engine import Engine, EngineConfig
+from domain.engine.step import ExecutorGeometry, FrameResult, StepPlan
+from domain.logprobs.rules import LogprobAsk
+from domain.requests.engine_request import EngineRequest
+from domain.requests.sampling import SamplingParams
+from domain.speculation.drafts import SpeculativeConfig, SpeculativeMethod
 from tests.fakes import FAKE_EOS, FakeExecutor, FakeTokenizer, next_token
 from tests.support.draining import drain
 

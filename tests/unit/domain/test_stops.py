@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from domain.stops import StopResult, StopStringMatcher
+from domain.emission.stops import StopResult, StopStringMatcher
 
 
 def test_text_without_any_stop_strings_is_released_immediately() -> None:

@@ -7,16 +7,16 @@ from collections.abc import Sequence
 
 import pytest
 
-from domain.engine import Engine, EngineConfig
-from domain.engine_request import EngineRequest
-from domain.errors import InvalidRequestError
-from domain.grammar import GrammarKind, GrammarSpec
-from domain.logprob_rules import LogprobAsk
-from domain.outputs import ChoiceDelta
-from domain.records import Role
-from domain.sampling import SamplingParams
-from domain.speculation import SpeculativeConfig, SpeculativeMethod
-from domain.step import ExecutorGeometry, FrameResult
+from domain.common.errors import InvalidRequestError
+from domain.contract.records import Role
+from domain.emission.outputs import ChoiceDelta
+from domain.engine.engine import Engine, EngineConfig
+from domain.engine.step import ExecutorGeometry, FrameResult
+from domain.logprobs.rules import LogprobAsk
+from domain.requests.engine_request import EngineRequest
+from domain.requests.sampling import SamplingParams
+from domain.speculation.drafts import SpeculativeConfig, SpeculativeMethod
+from domain.structured.grammar import GrammarKind, GrammarSpec
 from tests.fakes import (
     FAKE_EOS,
     FakeExecutor,

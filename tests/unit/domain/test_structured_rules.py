@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from domain.errors import InvalidRequestError
-from domain.grammar import MAX_GRAMMAR_CHARS, GrammarKind, GrammarSpec
-from domain.structured_rules import StructuredAsk, resolve_structure
+from domain.common.errors import InvalidRequestError
+from domain.structured.grammar import MAX_GRAMMAR_CHARS, GrammarKind, GrammarSpec
+from domain.structured.rules import StructuredAsk, resolve_structure
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 

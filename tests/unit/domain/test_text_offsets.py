@@ -9,13 +9,14 @@ from dataclasses import dataclass
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from domain.emission import ChoiceEmission
-from domain.logprobs import PositionLogprobs, TokenLogprob
-from domain.outputs import ChoiceDelta
+from domain.contract.records import CompletionRecord, Finish, Role
+from domain.emission.choice import ChoiceEmission
+from domain.emission.outputs import ChoiceDelta
+from domain.logprobs.values import PositionLogprobs, TokenLogprob
+from domain.parsers.build import choice_parser
 from domain.parsers.hermes import TOOL_CALL_END, TOOL_CALL_START, parse_call
-from domain.parsers.parsed import ParserConfig, choice_parser
-from domain.records import CompletionRecord, Finish, Role
-from domain.sampling import SamplingParams
+from domain.parsers.parsed import ParserConfig
+from domain.requests.sampling import SamplingParams
 from tests.support.text_offsets import char_index, character_starts
 
 EMOJI = "\U0001f600".encode()  # F0 9F 98 80

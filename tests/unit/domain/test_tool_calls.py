@@ -7,7 +7,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from domain.tool_calls import ToolCallMode, ToolCallStream, collect_tool_calls
+from domain.structured.tool_calls import ToolCallMode, ToolCallStream, collect_tool_calls
 
 REQUIRED = ToolCallMode((("get_weather", {"type": "object"}), ("now", {"type": "object"})))
 NAMED = ToolCallMode(REQUIRED.functions, named="get_weather")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from domain.verdict import Verdict, speculative_verdict
+from domain.speculation.verdict import Verdict, speculative_verdict
 
 
 def test_a_fully_kept_run_emits_every_draft_and_the_bonus():

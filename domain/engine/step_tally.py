@@ -1,0 +1,120 @@
+"""Collects what happens during engine steps and hands it over as one StepStats at a time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from domain.engine.step_stats import FinishedChoice, SchedulerState, StepStats
+
+
+@dataclass(slots=True)
+class ChoiceTimeline:
+    """When one choice's request arrived, and how far the choice got: latencies start here."""
+
+    arrived: float
+    scheduled: bool = False
+    started: bool = False
+    last_token: float | None = None
+
+
+class StepTally:
+    """Accumulates counts and latencies until `flush`; only the engine thread touches it."""
+
+    def __init__(self) -> None:
+        self._state = SchedulerState()
+        self._preemptions_seen = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self._prompt_tokens = 0
+        self._generation_tokens = 0
+        self._queue_times: list[float] = []
+        self._first_token_times: list[float] = []
+        self._inter_token_times: list[float] = []
+        self._finished: list[FinishedChoice] = []
+        self._logprob_positions = 0
+        self._payload_bytes = 0
+        self._prompt_rows = 0
+        self._spec_drafts = 0
+        self._spec_draft_tokens = 0
+        self._spec_accepted: list[int] = []
+        self._dirty = False
+
+    def scheduled(self, timeline: ChoiceTimeline, now: float) -> None:
+        """A choice got a slot; only its first scheduling is a queue time."""
+        if timeline.scheduled:
+            return
+        timeline.scheduled = True
+        self._queue_times.append(now - timeline.arrived)
+        self._dirty = True
+
+    def output(self, timeline: ChoiceTimeline, now: float, tokens: int, prompt_tokens: int) -> None:
+        """A choice's record committed `tokens` (0: a prefill-only choice ending).
+
+        Its prompt counts with its first output, as vLLM counts a prompt once it is prefilled;
+        a re-prefill after preemption does not count again.
+        """
+        if not timeline.started:
+            timeline.started = True
+            self._prompt_tokens += prompt_tokens
+            self._dirty = True
+        if not tokens:
+            return
+        self._generation_tokens += tokens
+        if timeline.last_token is None:
+            self._first_token_times.append(now - timeline.arrived)
+        else:
+            self._inter_token_times.append(now - timeline.last_token)
+        timeline.last_token = now
+        self._dirty = True
+
+    def finished(self, timeline: ChoiceTimeline, reason: str, now: float) -> None:
+        self._finished.append(FinishedChoice(reason, now - timeline.arrived))
+        self._dirty = True
+
+    def frame_read(self, positions: int, payload_bytes: int, prompt_rows: int) -> None:
+        """What a frame carried back: decoded logprob positions, payload bytes, scored rows."""
+        if positions or payload_bytes or prompt_rows:
+            self._logprob_positions += positions
+            self._payload_bytes += payload_bytes
+            self._prompt_rows += prompt_rows
+            self._dirty = True
+
+    def speculated(self, offered: int, accepted: int) -> None:
+        """A verification round that offered drafts and kept the first `accepted` of them."""
+        if not offered:
+            return
+        self._spec_drafts += 1
+        self._spec_draft_tokens += offered
+        if len(self._spec_accepted) < offered:
+            self._spec_accepted.extend([0] * (offered - len(self._spec_accepted)))
+        for position in range(accepted):
+            self._spec_accepted[position] += 1
+        self._dirty = True
+
+    def flush(self, state: SchedulerState, preemptions_total: int) -> StepStats | None:
+        """The stats since the last flush, or None when nothing changed (an idle step)."""
+        preemptions = preemptions_total - self._preemptions_seen
+        if not self._dirty and not preemptions and state == self._state:
+            return None
+        stats = StepStats(
+            state=state,
+            prompt_tokens=self._prompt_tokens,
+            generation_tokens=self._generation_tokens,
+            preemptions=preemptions,
+            queue_times=tuple(self._queue_times),
+            first_token_times=tuple(self._first_token_times),
+            inter_token_times=tuple(self._inter_token_times),
+            finished=tuple(self._finished),
+            logprob_positions=self._logprob_positions,
+            logprob_payload_bytes=self._payload_bytes,
+            prompt_rows_scored=self._prompt_rows,
+            spec_drafts=self._spec_drafts,
+            spec_draft_tokens=self._spec_draft_tokens,
+            spec_accepted_tokens=sum(self._spec_accepted),
+            spec_accepted_per_position=tuple(self._spec_accepted),
+        )
+        self._state = state
+        self._preemptions_seen = preemptions_total
+        self._reset()
+        return stats

@@ -1,0 +1,100 @@
+"""Logprob values, limits and the packed int32 position layout shared by device and host."""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from domain.common.ranges import TOKEN_ID, check_logprob_count
+
+NATURAL_TOP_K = 20
+MAX_SELECTED_IDS = 128
+FULL_POSITION_WORDS = 2 + 2 * MAX_SELECTED_IDS
+LOGPROB_FLOOR = -9999.0
+NO_TOKEN = -1
+
+
+def float_to_bits(value: float) -> int:
+    """FP32 bits of `value` as a signed int32, the way the packed layout stores them."""
+    bits: int = struct.unpack("<i", struct.pack("<f", value))[0]
+    return bits
+
+
+def bits_to_float(bits: int) -> float:
+    value: float = struct.unpack("<f", struct.pack("<i", bits))[0]
+    return value
+
+
+def sort_key(logprob: float, token_id: int) -> int:
+    """The integer that ranks alternatives: larger FP32 value first, then smaller token ID.
+
+    The FP32 bits map order-preservingly onto int32 (negative values flip their magnitude bits),
+    with -0.0 normalized to +0.0 first; the low 32 bits hold the inverted token ID.
+    """
+    bits = float_to_bits(logprob + 0.0)
+    ordered = bits if bits >= 0 else bits ^ 0x7FFFFFFF
+    return (ordered << 32) | (0xFFFFFFFF - token_id)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+
+
+@dataclass(frozen=True, slots=True)
+class PositionLogprobs:
+    """One emitted position: the chosen token and the alternatives in reported order."""
+
+    chosen: TokenLogprob
+    alternatives: tuple[TokenLogprob, ...] = ()
+
+
+def unpack_pairs(words: Sequence[int], first: int, pairs: int) -> tuple[TokenLogprob, ...]:
+    """Up to `pairs` (ID, FP32 bits) pairs from word `first` on, stopping at the first -1 ID."""
+    found = []
+    for word in range(first, first + 2 * pairs, 2):
+        token_id = words[word]
+        if token_id == NO_TOKEN:
+            break
+        found.append(TokenLogprob(token_id, bits_to_float(words[word + 1])))
+    return tuple(found)
+
+
+def unpack_position(words: Sequence[int], pairs: int) -> PositionLogprobs:
+    """Reads the chosen pair and up to `pairs` alternatives, stopping at the first -1 ID."""
+    chosen = TokenLogprob(words[0], bits_to_float(words[1]))
+    return PositionLogprobs(chosen, unpack_pairs(words, 2, pairs))
+
+
+def wire_logprob(value: float) -> float:
+    """JSON has no -inf: it is rendered as -9999.0, as vLLM does."""
+    return LOGPROB_FLOOR if value == -math.inf or value < LOGPROB_FLOOR else value
+
+
+@dataclass(frozen=True, slots=True)
+class LogprobOptions:
+    """What a request asks for at each generated position.
+
+    `top_k` natural alternatives (0 means the chosen token only), or, when `token_ids` is set,
+    those IDs in caller order instead of natural alternatives.
+    """
+
+    top_k: int = 0
+    token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        # The most any core serves; the served core and `--max-logprobs` may allow fewer.
+        check_logprob_count("sample", self.top_k, NATURAL_TOP_K, "logprobs")
+        TOKEN_ID.check_each(self.token_ids, "logprob_token_ids")
+
+    @property
+    def selects(self) -> bool:
+        return bool(self.token_ids)
+
+    @property
+    def pairs(self) -> int:
+        """Alternative pairs the position carries."""
+        return len(self.token_ids) if self.token_ids else self.top_k

@@ -1,0 +1,116 @@
+"""One prompt as the engine runs it: token IDs, sampling settings, choices, logprob wishes."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from domain.common.errors import InvalidRequestError
+from domain.common.ranges import CHOICES, check_token_ids
+from domain.logprobs.rules import NO_LOGPROBS_ASKED, LogprobAsk
+from domain.logprobs.values import LogprobOptions
+from domain.reasoning.thinking import ThinkingBudget
+from domain.requests.sampling import SamplingParams
+from domain.structured.grammar import GrammarSpec
+
+if TYPE_CHECKING:  # the domain names the port's type only
+    from ports.grammar import CompiledGrammar
+
+_SEED_MIX = 0x9E3779B97F4A7C15
+_SEED_MASK = (1 << 64) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    """What the engine generates for one prompt; `n` choices share it and differ by seed.
+
+    `logprobs` is the request's logprob ask (`domain.logprobs.rules`); with `prefill_only` the
+    prompt is scored and nothing is generated (echo with `max_tokens` 0). With a `grammar`
+    every choice's output is constrained to it, from its first token or, when `thinking` reads
+    the output as beginning inside reasoning, from the token after that block's end. With a
+    `thinking` budget each choice's reasoning blocks are closed at it by forced end tokens.
+    """
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    n: int = 1
+    logprobs: LogprobAsk = NO_LOGPROBS_ASKED
+    prefill_only: bool = False
+    grammar: GrammarSpec | None = None
+    thinking: ThinkingBudget | None = None
+
+    def __post_init__(self) -> None:
+        if self.prefill_only and not self.score_prompt:
+            raise ValueError("a prefill-only request must score its prompt")
+        if not self.prompt_token_ids:
+            raise InvalidRequestError("the prompt must contain at least one token", param="prompt")
+        if isinstance(self.n, bool) or not isinstance(self.n, int):
+            raise InvalidRequestError("`n` must be an integer.", param="n")
+        CHOICES.check(self.n, "n")
+
+    @property
+    def options(self) -> LogprobOptions | None:
+        """What each generated position reports, or None without logprobs."""
+        return self.logprobs.options
+
+    @property
+    def prompt_top_k(self) -> int | None:
+        """Alternatives per scored prompt position; None when the prompt is not scored."""
+        return self.logprobs.prompt_top_k
+
+    @property
+    def score_prompt(self) -> bool:
+        return self.prompt_top_k is not None
+
+    def check_limits(self, vocab_size: int, max_model_len: int) -> None:
+        """Rejects prompts the model cannot take, before admission."""
+        prompt_len = len(self.prompt_token_ids)
+        check_token_ids(self.prompt_token_ids, vocab_size, "prompt")
+        self.params.check_token_ids(vocab_size)
+        if prompt_len >= max_model_len:
+            raise InvalidRequestError(
+                f"This model's maximum context length is {max_model_len} tokens; the prompt has "
+                f"{prompt_len} tokens, which leaves no room to generate",
+                param="prompt",
+            )
+        if prompt_len + self.params.min_tokens > max_model_len:
+            raise InvalidRequestError(
+                f"min_tokens {self.params.min_tokens} does not fit: the prompt has {prompt_len} of "
+                f"the model's {max_model_len} positions",
+                param="min_tokens",
+            )
+        max_tokens = self.params.max_tokens
+        if max_tokens is not None and prompt_len + max_tokens > max_model_len:
+            raise InvalidRequestError(
+                f"This model's maximum context length is {max_model_len} tokens. However, you "
+                f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the prompt, "
+                f"{max_tokens} in the completion)",
+                param="max_tokens",
+            )
+
+    def choice_seed(self, index: int, fallback: int) -> int:
+        """Seed of choice `index`: the request's seed for choice 0, mixed for the others."""
+        base = fallback if self.params.seed is None else self.params.seed & _SEED_MASK
+        return base if index == 0 else (base ^ (index * _SEED_MIX)) & _SEED_MASK
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedRequest:
+    """A request its engine's `check` accepted; engines queue only these, so nothing is checked
+    twice and nothing unchecked is admitted. `issuer` is the engine that checked it.
+
+    `grammar` is the compiled output constraint the check made (None without one); the engine
+    holds it for the request's lifetime, so that the compiler's cache cannot lose it between
+    admission and the steps that need it.
+    """
+
+    request: EngineRequest
+    issuer: object = field(compare=False, repr=False)
+    grammar: CompiledGrammar | None = field(default=None, compare=False, repr=False)
+
+
+def fresh_seed() -> int:
+    """A seed for an unseeded request."""
+    return random.SystemRandom().getrandbits(63)

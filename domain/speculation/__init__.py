@@ -1,0 +1,5 @@
+"""Speculative decoding as rules: the `--speculative-config` value, the history (n-gram) proposer
+of draft tokens and how many drafts the next round may offer after what was accepted (`drafts`).
+It imports nothing of the domain; the engine's scheduler and sequences use it and the executors
+verify the drafts.
+"""
