@@ -27,31 +27,36 @@ BLOCK = 4
 SCORED_CAPACITY = 32
 GREEDY = SamplingParams(temperature=0.0)
 SAMPLED = SamplingParams(temperature=1.0, top_k=20)
+# The fake's sizes; the torch executor's come from `torch_settings` and the tiny model.
+FAKE_GEOMETRY = ExecutorGeometry(
+    capacity=8, block_size=BLOCK, num_blocks=64, vocab_size=64, max_model_len=128, token_capacity=8
+)
+
+
+def torch_settings():
+    from adapters.gpu.factory import RunnerSettings
+
+    return RunnerSettings(
+        device="cpu", max_num_seqs=8, max_model_len=128, kv_cache_bytes=4 << 20, block_size=BLOCK
+    )
 
 
 @pytest.fixture(scope="module", params=["fake", pytest.param("torch", marks=pytest.mark.model)])
 def executor(request, tmp_path_factory) -> ModelExecutor:
     if request.param == "fake":
-        geometry = ExecutorGeometry(
-            capacity=8,
-            block_size=BLOCK,
-            num_blocks=64,
-            vocab_size=64,
-            max_model_len=128,
-            token_capacity=8,
+        geometry = replace(
+            FAKE_GEOMETRY,
             logprob_top_k=20,
             selects_logprob_ids=True,
             scored_capacities=(SCORED_CAPACITY,),
         )
         return FakeExecutor(geometry)
-    from adapters.gpu.factory import RunnerSettings, build_executor
+    from adapters.gpu.factory import build_executor
     from adapters.tokenizer.hf import HfTokenizer
     from tests.support.tiny_serving import build_tiny_model_dir
 
     model_dir = build_tiny_model_dir(tmp_path_factory.mktemp("conformance"))
-    settings = RunnerSettings(
-        device="cpu", max_num_seqs=8, max_model_len=128, kv_cache_bytes=4 << 20, block_size=BLOCK
-    )
+    settings = torch_settings()
     capability = replace(FULL_LOGPROBS, scored_capacities=(SCORED_CAPACITY,))
     vocab_size = HfTokenizer.from_dir(model_dir).vocab_size
     return build_executor(model_dir, settings, vocab_size, capability=capability)
@@ -262,25 +267,15 @@ def breaking(request, tmp_path_factory) -> tuple[ModelExecutor, GrammarSpec]:
     """An executor with a grammar engine, and a constraint that compiles but breaks at the
     first token its lane emits."""
     if request.param == "fake":
-        geometry = ExecutorGeometry(
-            capacity=8,
-            block_size=BLOCK,
-            num_blocks=64,
-            vocab_size=64,
-            max_model_len=128,
-            token_capacity=8,
-        )
         spec = GrammarSpec(GrammarKind.CHOICE, json.dumps(["abc"]), "response_format")
-        return FakeExecutor(geometry, grammars=FakeGrammarCompiler(row_limit=0)), spec
-    from adapters.gpu.factory import RunnerSettings, build_executor
+        return FakeExecutor(FAKE_GEOMETRY, grammars=FakeGrammarCompiler(row_limit=0)), spec
+    from adapters.gpu.factory import build_executor
     from adapters.grammar.llguidance_compiler import LlguidanceCompiler
     from adapters.tokenizer.hf import HfTokenizer
     from tests.support.tiny_serving import build_tiny_model_dir
 
     model_dir = build_tiny_model_dir(tmp_path_factory.mktemp("conformance-grammar"))
-    settings = RunnerSettings(
-        device="cpu", max_num_seqs=8, max_model_len=128, kv_cache_bytes=4 << 20, block_size=BLOCK
-    )
+    settings = torch_settings()
     tokenizer = HfTokenizer.from_dir(model_dir)
     executor = build_executor(
         model_dir, settings, tokenizer.vocab_size, grammars=LlguidanceCompiler(tokenizer)

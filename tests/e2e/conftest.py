@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import openai
 import pytest
 
 from tests.support.tiny_serving import build_tiny_model_dir
@@ -39,6 +40,12 @@ class RunningServer:
 
     def log(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def openai_client(self, api_key: str = "unused", timeout: float = 300) -> openai.OpenAI:
+        """The official client for this server: no retries, so a failure shows at once."""
+        return openai.OpenAI(
+            base_url=f"{self.base_url}/v1", api_key=api_key, max_retries=0, timeout=timeout
+        )
 
 
 def free_port() -> int:

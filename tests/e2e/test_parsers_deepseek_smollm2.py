@@ -32,9 +32,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
 
 @pytest.fixture(scope="module")
 def client(server: RunningServer) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(
-        base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=300
-    ) as opened:
+    with server.openai_client() as opened:
         yield opened
 
 

@@ -76,9 +76,7 @@ def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 @pytest.fixture(scope="module")
 def client(server: RunningServer) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=300
-    )
+    return server.openai_client()
 
 
 @pytest.fixture(scope="module")

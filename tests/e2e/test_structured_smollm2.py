@@ -147,9 +147,7 @@ def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]
 
 @pytest.fixture(scope="module")
 def client(smollm2: RunningServer) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=f"{smollm2.base_url}/v1", api_key="unused", max_retries=0, timeout=300
-    )
+    return smollm2.openai_client()
 
 
 def whole(client: openai.OpenAI, case: Case) -> tuple[str, str | None]:

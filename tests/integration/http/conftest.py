@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from adapters.cli.serve_config import ServeConfig
 from adapters.gpu.factory import RunnerSettings
 from adapters.http.app import create_app
 from adapters.http.serving import HttpSettings, ModelHolder, ServedModel
+from domain.parsers.settings import ParserSettings
 from tests.support.tiny_serving import build_tiny_model_dir
 
 MODEL_NAME = "tiny"
@@ -93,3 +95,10 @@ def client(app) -> testing.TestClient:
 @pytest.fixture(scope="session")
 def keyed_client(served: ServedModel) -> testing.TestClient:
     return testing.TestClient(create_app(ModelHolder(served=served), HttpSettings(api_key="sk-1")))
+
+
+def parser_app(served: ServedModel, **settings: object):
+    """The HTTP app over `served` with output parsers set as `ParserSettings(**settings)`
+    (the same engine: a parser changes presentation only)."""
+    parsers = ParserSettings(**settings)  # type: ignore[arg-type]
+    return create_app(ModelHolder(served=dataclasses.replace(served, parsers=parsers)))

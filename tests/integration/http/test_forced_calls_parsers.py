@@ -4,7 +4,6 @@ gives, finish with `tool_calls`, and the calls' tokens have no content entries a
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Iterator
 
@@ -14,8 +13,7 @@ from falcon import testing
 
 from adapters.http.app import create_app
 from adapters.http.serving import ModelHolder, ServedModel
-from domain.parsers.settings import ParserSettings
-from tests.integration.http.conftest import serve_tiny
+from tests.integration.http.conftest import parser_app, serve_tiny
 from tests.support.asgi_stream import stream_post
 from tests.support.sse import json_frames
 from tests.support.tiny_serving import build_marker_model_dir
@@ -54,11 +52,6 @@ def marker_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedMo
     model.stop()
 
 
-def app_with(served: ServedModel, **settings: object):
-    parsers = ParserSettings(**settings)  # type: ignore[arg-type]
-    return create_app(ModelHolder(served=dataclasses.replace(served, parsers=parsers)))
-
-
 @pytest.fixture(scope="module")
 def plain(marker_served):
     return create_app(ModelHolder(served=marker_served))
@@ -66,12 +59,12 @@ def plain(marker_served):
 
 @pytest.fixture(scope="module", params=sorted(PARSERS))
 def parsing(request, marker_served):
-    return app_with(marker_served, **PARSERS[request.param])
+    return parser_app(marker_served, **PARSERS[request.param])
 
 
 @pytest.fixture(scope="module")
 def deepseek(marker_served):
-    return app_with(
+    return parser_app(
         marker_served,
         reasoning_parser="deepseek_r1",
         tool_call_parser="hermes",

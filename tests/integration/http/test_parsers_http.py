@@ -3,7 +3,6 @@ calls out of the text, content entries only for content tokens, streams equal to
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Iterator
 
@@ -12,8 +11,8 @@ from falcon import testing
 
 from adapters.http.app import create_app
 from adapters.http.serving import ModelHolder, ServedModel
-from domain.parsers.settings import ParserSettings, ReasoningStrings
-from tests.integration.http.conftest import serve_tiny
+from domain.parsers.settings import ReasoningStrings
+from tests.integration.http.conftest import parser_app, serve_tiny
 from tests.support.asgi_stream import stream_post
 from tests.support.sse import json_frames
 from tests.support.tiny_serving import build_marker_model_dir
@@ -41,8 +40,7 @@ def marker_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedMo
 def app_with(served: ServedModel, **settings: object):
     # The steering grammar spells the reasoning too, as vLLM's `enable_in_reasoning` allows.
     settings.setdefault("grammar_in_reasoning", True)
-    parsers = ParserSettings(**settings)  # type: ignore[arg-type]
-    return create_app(ModelHolder(served=dataclasses.replace(served, parsers=parsers)))
+    return parser_app(served, **settings)
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,7 @@ from falcon import testing
 from adapters.cli.serve_config import ServeConfig
 from adapters.http.app import create_app
 from adapters.http.serving import ModelHolder, ServedModel
-from domain.parsers.settings import ParserSettings
-from tests.integration.http.conftest import serve_tiny
+from tests.integration.http.conftest import parser_app, serve_tiny
 from tests.support.asgi_stream import stream_post
 from tests.support.sse import json_frames
 from tests.support.tiny_serving import build_thinking_model_dir
@@ -46,14 +45,9 @@ def thinking_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served
     model.stop()
 
 
-def app_with(served: ServedModel, **settings: object):
-    parsers = ParserSettings(**settings)  # type: ignore[arg-type]
-    return create_app(ModelHolder(served=dataclasses.replace(served, parsers=parsers)))
-
-
 @pytest.fixture(scope="module")
 def app(thinking_served):
-    return app_with(thinking_served, reasoning_parser="qwen3")
+    return parser_app(thinking_served, reasoning_parser="qwen3")
 
 
 @pytest.fixture(scope="module")
@@ -271,8 +265,8 @@ def test_a_forced_tool_call_after_budgeted_reasoning_is_a_tool_call(app, closed_
 
 
 def test_completions_follow_the_parsers_reading_of_the_prompt(thinking_served, closed_by_budget):
-    deepseek = app_with(thinking_served, reasoning_parser="deepseek_r1")
-    qwen = app_with(thinking_served, reasoning_parser="qwen3")
+    deepseek = parser_app(thinking_served, reasoning_parser="deepseek_r1")
+    qwen = parser_app(thinking_served, reasoning_parser="qwen3")
     word = {"structured_outputs": {"choice": ["brown fox"]}}
     body = {"prompt": "the quick", "max_tokens": 30, "seed": 5, **closed_by_budget}
     budget = {"thinking_token_budget": 2, "return_tokens_as_token_ids": True, "logprobs": 0}
