@@ -13,7 +13,8 @@ from falcon import testing
 from tests.support.asgi_stream import chunk_times
 
 STREAM = {"prompt": "the quick brown", "max_tokens": 100, "temperature": 0, "stream": True}
-# A forced literal of 320,000 characters: seconds of llguidance work before the first mask.
+# A forced literal of 320,000 characters (larger ones break llguidance's lexer limit): about a
+# second of llguidance work before the first mask, more under load.
 SLOW_REGEX = "(ab){400}{400}"
 THOUSANDS_OF_ALTERNATIVES = "start: " + " | ".join(f'"w{i}"' for i in range(3000))
 SELF_NESTING = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
@@ -104,5 +105,6 @@ def test_a_running_stream_keeps_its_pace_while_a_slow_grammar_compiles(app):
     # The compile either finishes within its 5 s budget or is refused when that runs out.
     compiled = answer.get("choices", [{}])[0].get("text") == "ab"
     assert compiled or "did not compile within 5 s" in answer["error"]["message"], answer
-    assert compile_s >= 1.0, f"the compile took only {compile_s:.2f} s"
+    # About 1 s on a quiet 2-core box (0.85 s seen), seconds under load: many times a gap.
+    assert compile_s >= 0.5, f"the compile took only {compile_s:.2f} s"
     assert len(during) >= 50, f"only {len(during)} gaps were measured during the compile"
