@@ -31,7 +31,6 @@ class MetricsRegistry:
 
     owner: CollectorRegistry
     exposed: CollectorRegistry
-    multiprocess_dir: str | None = None
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] = os.environ) -> MetricsRegistry:
@@ -43,7 +42,7 @@ class MetricsRegistry:
             return cls(owner, exposed)
         exposed = CollectorRegistry()
         multiprocess.MultiProcessCollector(exposed, path=directory)
-        return cls(CollectorRegistry(), exposed, directory)
+        return cls(CollectorRegistry(), exposed)
 
     def render(self) -> bytes:
         """The Prometheus text format (version 0.0.4) of every metric."""

@@ -16,21 +16,18 @@ def render_chat_template(
     add_generation_prompt: bool = True,
     bos_token: str | None = None,
     eos_token: str | None = None,
-    extra_variables: Mapping[str, object] | None = None,
 ) -> str:
     """The prompt text `template` makes of `messages`; ValueError when the template fails."""
     import jinja2
 
     compiled = _compile(template)
-    variables: dict[str, Any] = dict(extra_variables or {})
-    variables.update(
-        messages=[dict(message) for message in messages],
-        add_generation_prompt=add_generation_prompt,
-        bos_token=bos_token or "",
-        eos_token=eos_token or "",
-    )
     try:
-        return compiled.render(**variables)
+        return compiled.render(
+            messages=[dict(message) for message in messages],
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos_token or "",
+            eos_token=eos_token or "",
+        )
     except jinja2.TemplateError as error:
         raise ValueError(f"chat template failed: {error}") from error
 

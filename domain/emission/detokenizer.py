@@ -183,11 +183,6 @@ class IncrementalDetokenizer:
         return len(self._offsets)
 
     @property
-    def held_bytes(self) -> int:
-        """Bytes of an incomplete character waiting for its continuation (0 to 3)."""
-        return len(self._pending)
-
-    @property
     def finished(self) -> bool:
         """Whether ``flush`` has been called."""
         return self._finished

@@ -15,8 +15,6 @@ from domain.logprobs.values import (
 )
 
 PROMPT_ROW_WORDS = 3 + 2 * NATURAL_TOP_K  # actual ID, bits, rank, then (ID, bits) pairs
-
-PROMPT_ROW_WORDS = 3 + 2 * NATURAL_TOP_K  # actual ID, bits, rank, then (ID, bits) pairs
 INVALID_BITS = 0x7FC00000  # the quiet NaN an invalid row carries as its logprob
 
 

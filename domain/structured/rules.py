@@ -30,9 +30,6 @@ class StructuredAsk:
     auto_tool_choice: bool = False
 
 
-NO_STRUCTURE_ASKED = StructuredAsk()
-
-
 @dataclass(frozen=True, slots=True)
 class StructuredOutput:
     """What the output is constrained to (None: free text) and, for forced tool calls, how the
