@@ -1,4 +1,4 @@
-"""Which emitted tokens of a choice get logprob entries: the per-choice emission state machine."""
+"""A choice's emission state machine: records in, released text, offsets and entries out."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from domain.common.errors import LogprobDataError
 from domain.contract.records import CompletionRecord, Finish
 from domain.emission.detokenizer import IncrementalDetokenizer
+from domain.emission.entries import Emitted, emission_keeps, record_entries
 from domain.emission.outputs import ChoiceDelta, LogprobEntry
 from domain.emission.stops import StopStringMatcher
 from domain.logprobs.values import PositionLogprobs
@@ -22,7 +23,8 @@ class ChoiceEmission:
     """The emission state machine of one choice: records in, released text and entries out.
 
     Each record's emitted tokens pass through the incremental decoder, then the stop-string
-    hold-back. The rules for logprob entries, all of them here:
+    hold-back. Which tokens keep entries is `domain.emission.entries`'s rule; here is where
+    each token's role comes from and where its entry lands:
     - A requesting choice's payload has one position per emitted token, naming that token
       (`LogprobDataError` otherwise); a forced token (the record's forced mask) has no entry.
     - A terminating stop token (EOS or a `stop_token_ids` entry) stays in `token_ids` but adds
@@ -88,7 +90,7 @@ class ChoiceEmission:
                 raise LogprobDataError(
                     f"slot {record.slot}: logprobs were requested but the frame carries none"
                 )
-            positions = _entries(record, payload)
+            positions = record_entries(record, payload, echo=self._echo)
         return self._advance(record.tokens, record.finish, positions)
 
     def end(self) -> ChoiceDelta:
@@ -112,7 +114,7 @@ class ChoiceEmission:
             kept.append(token_id)
             position = positions[index] if positions is not None else None
             if index == len(tokens) - 1 and finish is Finish.STOP_TOKEN:
-                entry = position if self._echo else None
+                entry = position if emission_keeps(Emitted.STOP, echo=self._echo) else None
                 pushed = self._params.include_stop_str_in_output
                 if pushed:
                     text.append(self._push(token_id, entry))
@@ -209,8 +211,10 @@ class ChoiceEmission:
         self._send_offsets(final=True)
         if textless:
             self._offsets.append(self._released)
-        # After a stop string only tokens that start before it keep entries; otherwise all do.
-        entries = self._release(everything=self._echo or self._matcher.stop is None)
+        # Tokens not yet released start past a stop string's start, or have no text of their
+        # own at the end of the text.
+        rest = Emitted.PAST_STOP if self._matcher.stop is not None else Emitted.ORDINARY
+        entries = self._release(everything=emission_keeps(rest, echo=self._echo))
         if last is not None:
             entries += (LogprobEntry(last, self._released),)
         if self._echo:
@@ -227,33 +231,6 @@ class ChoiceEmission:
             entries,
             tuple(self._offsets),
         )
-
-
-def _entries(
-    record: CompletionRecord, payload: Sequence[PositionLogprobs]
-) -> tuple[PositionLogprobs | None, ...]:
-    """One entry per emitted token, None for forced tokens; the payload must agree.
-
-    The record decides what is meaningful: a requesting lane carries exactly one decoded
-    position per emitted token, each naming the emitted token as its chosen ID.
-    """
-    if len(payload) != len(record.tokens):
-        raise LogprobDataError(
-            f"slot {record.slot}: {len(payload)} logprob positions for "
-            f"{len(record.tokens)} emitted tokens"
-        )
-    entries: list[PositionLogprobs | None] = []
-    for index, (token_id, position) in enumerate(zip(record.tokens, payload, strict=True)):
-        if record.is_forced(index):
-            entries.append(None)
-            continue
-        if position.chosen.token_id != token_id:
-            raise LogprobDataError(
-                f"slot {record.slot}: logprob payload names token {position.chosen.token_id} "
-                f"where the record emitted {token_id}"
-            )
-        entries.append(position)
-    return tuple(entries)
 
 
 def _at_most(entry: LogprobEntry, end: int) -> LogprobEntry:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from domain.emission.entries import Part, part_keeps
 from domain.emission.outputs import ChoiceDelta
 from domain.parsers.parsed import ChoiceParser, ParsedDelta
 from domain.structured.tool_calls import ToolCallMode, ToolCallStream, collect_tool_calls
@@ -14,9 +15,10 @@ class ForcedCallParser:
     a named function): the inner parser splits off reasoning as usual, and the content it
     finds is the calls' JSON, turned into tool-call deltas as it grows.
 
-    The one rule for the entries of a forced call's tokens, for chat and Responses alike: they
-    are tool data, so they have no content entries (as a tool-call parser's call JSON has
-    none). Reasoning, its count, and the finish pass through unchanged.
+    The entries of a forced call's tokens, for chat and Responses alike, follow the rule of
+    `domain.emission.entries`: they are tool data (`Part.TOOL`), as a tool-call parser's call
+    JSON is, so they have no content entries. Reasoning, its count, and the finish pass
+    through unchanged.
     """
 
     def __init__(self, inner: ChoiceParser, mode: ToolCallMode) -> None:
@@ -28,10 +30,12 @@ class ForcedCallParser:
 
 
 def as_calls(parsed: ParsedDelta, calls: ToolCallStream) -> ParsedDelta:
-    """`parsed` with its content read as forced calls' JSON: call deltas, no content entries."""
+    """`parsed` with its content read as forced calls' JSON: call deltas, and the content's
+    entries only as far as tool data keeps entries (it keeps none)."""
     found = calls.feed(parsed.content) if parsed.content else []
+    kept = parsed.content_logprobs if part_keeps(Part.TOOL) else ()
     return dataclasses.replace(
-        parsed, content="", content_logprobs=(), tool_calls=(*parsed.tool_calls, *found)
+        parsed, content="", content_logprobs=kept, tool_calls=(*parsed.tool_calls, *found)
     )
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from domain.emission.entries import Part, part_keeps
 from domain.emission.outputs import ChoiceDelta, LogprobEntry
 from domain.structured.tool_calls import ToolCallDelta, ToolCallMode
 
@@ -104,13 +105,13 @@ class ChoiceParser(Protocol):
 
 
 class PassThrough:
-    """No parser: the text is all content and every entry keeps its offset."""
+    """No parser: the text is all content, whose entries keep their offsets."""
 
     def feed(self, delta: ChoiceDelta) -> ParsedDelta:
         return ParsedDelta(
             delta.index,
             content=delta.text,
-            content_logprobs=delta.logprobs,
+            content_logprobs=delta.logprobs if part_keeps(Part.CONTENT) else (),
             token_ids=delta.token_ids,
             finish_reason=delta.finish_reason,
             stop_reason=delta.stop_reason,

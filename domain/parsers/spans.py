@@ -1,18 +1,6 @@
-"""What a span of a choice's text is, and the text scanning the parsers share."""
+"""The text scanning the parsers share: delimiters that may still be forming, whitespace."""
 
 from __future__ import annotations
-
-import enum
-
-
-class Kind(enum.Enum):
-    """What a span of the model's text is; only content spans give their tokens entries."""
-
-    REASONING = enum.auto()
-    CONTENT = enum.auto()
-    TOOL = enum.auto()
-    DELIMITER = enum.auto()
-    STRIPPED = enum.auto()
 
 
 def held_prefix(text: str, delimiter: str) -> int:

@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 
 from domain.contract.records import CompletionRecord, Finish, Role
 from domain.emission.choice import ChoiceEmission
+from domain.emission.entries import Part
 from domain.emission.outputs import ChoiceDelta, LogprobEntry
 from domain.logprobs.values import PositionLogprobs, TokenLogprob
 from domain.parsers.build import choice_parser
 from domain.parsers.forced import whole_forced_answer
 from domain.parsers.parsed import ParsedDelta, ParserConfig
-from domain.parsers.spans import Kind
 from domain.requests.sampling import SamplingParams
 from domain.structured.tool_calls import ToolCallMode
 
@@ -299,24 +299,24 @@ _TEXT = st.text(alphabet="ab é€😀ж\n{}", max_size=12)
 
 
 @st.composite
-def labelled_outputs(draw) -> list[tuple[str, Kind]]:
-    parts: list[tuple[str, Kind]] = []
+def labelled_outputs(draw) -> list[tuple[str, Part]]:
+    parts: list[tuple[str, Part]] = []
     if draw(st.booleans()):
-        parts.append(("<think>", Kind.DELIMITER))
-    parts.append((draw(_TEXT), Kind.REASONING))
-    parts.append(("</think>", Kind.DELIMITER))
-    parts.append((draw(st.text(alphabet=" \n", max_size=3)), Kind.STRIPPED))
+        parts.append(("<think>", Part.DELIMITER))
+    parts.append((draw(_TEXT), Part.REASONING))
+    parts.append(("</think>", Part.DELIMITER))
+    parts.append((draw(st.text(alphabet=" \n", max_size=3)), Part.STRIPPED))
     content = draw(_TEXT)
     if content[:1].isspace():
         content = "x" + content
-    parts.append((content, Kind.CONTENT))
+    parts.append((content, Part.CONTENT))
     for number in range(draw(st.integers(0, 2))):
         if number:
-            parts.append((draw(st.text(alphabet=" \n", max_size=2)), Kind.STRIPPED))
+            parts.append((draw(st.text(alphabet=" \n", max_size=2)), Part.STRIPPED))
         arguments = {"v": draw(_TEXT)}
         body = json.dumps({"name": f"f{number}", "arguments": arguments}, ensure_ascii=False)
-        parts += [("<tool_call>", Kind.DELIMITER), (body, Kind.TOOL)]
-        parts.append(("</tool_call>", Kind.DELIMITER))
+        parts += [("<tool_call>", Part.DELIMITER), (body, Part.TOOL)]
+        parts.append(("</tool_call>", Part.DELIMITER))
     return [(text, kind) for text, kind in parts if text]
 
 
@@ -352,17 +352,17 @@ def test_random_token_splits_never_misattribute_an_entry(case):
     parts, pieces, sizes, aligned = case
     out = run(pieces, BOTH, sizes)
 
-    def joined(kind: Kind) -> str:
+    def joined(kind: Part) -> str:
         return "".join(text for text, k in parts if k is kind)
 
-    assert out.reasoning == joined(Kind.REASONING)
-    assert out.content == joined(Kind.CONTENT)
-    calls = [json.loads(text) for text, kind in parts if kind is Kind.TOOL]
+    assert out.reasoning == joined(Part.REASONING)
+    assert out.content == joined(Part.CONTENT)
+    calls = [json.loads(text) for text, kind in parts if kind is Part.TOOL]
     assert out.calls() == [
         (c["name"], json.dumps(c["arguments"], ensure_ascii=False)) for c in calls
     ]
     # The kind of every byte, and the content offset of every content byte's character.
-    byte_kinds: list[Kind] = []
+    byte_kinds: list[Part] = []
     byte_content_char: list[int] = []
     content_chars = 0
     for text, kind in parts:
@@ -370,10 +370,10 @@ def test_random_token_splits_never_misattribute_an_entry(case):
             size = len(char.encode())
             byte_kinds += [kind] * size
             byte_content_char += [content_chars] * size
-            content_chars += kind is Kind.CONTENT
+            content_chars += kind is Part.CONTENT
     expected, start = [], 0
     for token_id, piece in enumerate(pieces):
-        if byte_kinds[start] is Kind.CONTENT:
+        if byte_kinds[start] is Part.CONTENT:
             expected.append((token_id, byte_content_char[start]))
         start += len(piece)
     assert [(e.position.chosen.token_id, e.text_offset) for e in out.entries] == expected
