@@ -97,14 +97,26 @@ def completion_chunk(
     usage: Usage | None = None,
     logprobs: JsonObject | None = None,
 ) -> JsonObject:
-    choice = {
+    choice = _chunk_choice(index, {"text": text}, logprobs, finish_reason, stop_reason)
+    return _chunk(header, "text_completion", [choice], usage)
+
+
+def _chunk_choice(
+    index: int,
+    body: JsonObject,
+    logprobs: JsonObject | None,
+    finish_reason: str | None,
+    stop_reason: str | int | None,
+) -> JsonObject:
+    """A stream frame's choice: its endpoint's `body` (completions' `text`, chat's `delta`)
+    between the index and the fields both endpoints share."""
+    return {
         "index": index,
-        "text": text,
+        **body,
         "logprobs": logprobs,
         "finish_reason": finish_reason,
         "stop_reason": stop_reason,
     }
-    return _chunk(header, "text_completion", [choice], usage)
 
 
 def _chunk(
@@ -172,13 +184,7 @@ def chat_chunk(
     usage: Usage | None = None,
     logprobs: JsonObject | None = None,
 ) -> JsonObject:
-    choice = {
-        "index": index,
-        "delta": delta,
-        "logprobs": logprobs,
-        "finish_reason": finish_reason,
-        "stop_reason": stop_reason,
-    }
+    choice = _chunk_choice(index, {"delta": delta}, logprobs, finish_reason, stop_reason)
     return _chunk(header, "chat.completion.chunk", [choice], usage)
 
 

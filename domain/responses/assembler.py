@@ -107,10 +107,6 @@ class ResponseAssembler:
         self._finish_reason: str | None = None
         self._end: ResponseEnd | None = None
 
-    @property
-    def finish_reason(self) -> str | None:
-        return self._finish_reason
-
     def response(self) -> JsonObject:
         """The response as it stands: in progress until `finish` or `fail`."""
         output = [item.wire() for item in self._items]
@@ -135,17 +131,16 @@ class ResponseAssembler:
             self._finish_reason = parsed.finish_reason
         return events
 
-    def finish(self, usage: Usage, reasoning_tokens: int | None = None) -> list[JsonObject]:
+    def finish(self, usage: Usage) -> list[JsonObject]:
         """Closes the open item and ends the response: `incomplete` when the output ran into
-        its token limit, `completed` otherwise. `reasoning_tokens` overrides the count of the
-        parsed deltas."""
+        its token limit, `completed` otherwise."""
         cut = self._finish_reason == "length"
         events: list[JsonObject] = []
         self._close(events, "incomplete" if cut else "completed")
         self._end = ResponseEnd(
             "incomplete" if cut else "completed",
             usage,
-            self._reasoning_tokens if reasoning_tokens is None else reasoning_tokens,
+            self._reasoning_tokens,
             incomplete_reason="max_output_tokens" if cut else None,
         )
         kind = "response.incomplete" if cut else "response.completed"
@@ -180,27 +175,20 @@ class ResponseAssembler:
             events.append(self._part_event("response.content_part.added", item, empty=True))
         return item
 
+    def _item_event(self, kind: str, item: _Item, **fields: object) -> JsonObject:
+        """An event about `item`; one about a message or reasoning item names its one part."""
+        where: JsonObject = {"item_id": item.id, "output_index": item.index}
+        if item.kind != "function_call":
+            where["content_index"] = 0
+        return self._event(kind, **where, **fields)
+
     def _part_event(self, kind: str, item: _Item, *, empty: bool = False) -> JsonObject:
-        return self._event(
-            kind,
-            item_id=item.id,
-            output_index=item.index,
-            content_index=0,
-            part=item.part(empty=empty),
-        )
+        return self._item_event(kind, item, part=item.part(empty=empty))
 
     def _reasoning(self, text: str, events: list[JsonObject]) -> None:
         item = self._item("reasoning", events)
         item.text += text
-        events.append(
-            self._event(
-                "response.reasoning_text.delta",
-                item_id=item.id,
-                output_index=item.index,
-                content_index=0,
-                delta=text,
-            )
-        )
+        events.append(self._item_event("response.reasoning_text.delta", item, delta=text))
 
     def _content(
         self, text: str, entries: Sequence[LogprobEntry], events: list[JsonObject]
@@ -210,14 +198,7 @@ class ResponseAssembler:
         rendered = self._render(entries) if self._render is not None else []
         item.entries.extend(rendered)
         events.append(
-            self._event(
-                "response.output_text.delta",
-                item_id=item.id,
-                output_index=item.index,
-                content_index=0,
-                delta=text,
-                logprobs=rendered,
-            )
+            self._item_event("response.output_text.delta", item, delta=text, logprobs=rendered)
         )
 
     def _call(self, call: ToolCallDelta, events: list[JsonObject]) -> None:
@@ -231,11 +212,8 @@ class ResponseAssembler:
         if call.arguments:
             item.text += call.arguments
             events.append(
-                self._event(
-                    "response.function_call_arguments.delta",
-                    item_id=item.id,
-                    output_index=item.index,
-                    delta=call.arguments,
+                self._item_event(
+                    "response.function_call_arguments.delta", item, delta=call.arguments
                 )
             )
 
@@ -244,27 +222,17 @@ class ResponseAssembler:
         if item is None:
             return
         item.status = status
-        where = {"item_id": item.id, "output_index": item.index}
         if item.kind == "function_call":
-            events.append(
-                self._event("response.function_call_arguments.done", **where, arguments=item.text)
+            done = self._item_event(
+                "response.function_call_arguments.done", item, arguments=item.text
             )
         elif item.kind == "reasoning":
-            events.append(
-                self._event(
-                    "response.reasoning_text.done", **where, content_index=0, text=item.text
-                )
-            )
+            done = self._item_event("response.reasoning_text.done", item, text=item.text)
         else:
-            events.append(
-                self._event(
-                    "response.output_text.done",
-                    **where,
-                    content_index=0,
-                    text=item.text,
-                    logprobs=list(item.entries),
-                )
+            done = self._item_event(
+                "response.output_text.done", item, text=item.text, logprobs=list(item.entries)
             )
+        events.append(done)
         if item.kind != "function_call":
             events.append(self._part_event("response.content_part.done", item))
         events.append(

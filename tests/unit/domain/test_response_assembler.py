@@ -31,13 +31,13 @@ def make_assembler(**kwargs) -> ResponseAssembler:
 def test_reasoning_content_and_calls_become_items_in_output_order():
     assembler = make_assembler()
     events = assembler.start()
-    events += assembler.feed(ParsedDelta(0, reasoning="hmm"))
+    events += assembler.feed(ParsedDelta(0, reasoning="hmm", reasoning_tokens=1))
     events += assembler.feed(ParsedDelta(0, content="Hi", content_logprobs=(make_entry(5),)))
     events += assembler.feed(
         ParsedDelta(0, tool_calls=(ToolCallDelta(0, '{"a": 1}', "call_1", "f"),))
     )
     events += assembler.feed(ParsedDelta(0, finish_reason="stop"))
-    events += assembler.finish(Usage(3, 4), reasoning_tokens=1)
+    events += assembler.finish(Usage(3, 4))
 
     output = assembler.response()["output"]
     assert [item["type"] for item in output] == ["reasoning", "message", "function_call"]
