@@ -13,23 +13,14 @@ from ports.metrics import RejectionObserver
 
 _log = logging.getLogger(__name__)
 
-_TYPES = {
-    400: "BadRequestError",
-    401: "AuthenticationError",
-    404: "NotFoundError",
-    405: "MethodNotAllowedError",
-    413: "PayloadTooLargeError",
-    415: "BadRequestError",
-}
-
 
 class _HttpError(DomainError):
-    """A framework error (unknown route, wrong method) seen through the domain's envelope."""
+    """A framework error (unknown route, wrong method) seen through the domain's envelope, its
+    type the one the domain gives its status."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
-        self.type = _TYPES.get(status, "BadRequestError" if status < 500 else "InternalServerError")
 
 
 # The `reason` label of `helios:requests_rejected_total`, by status; 503 is told apart by class.
