@@ -23,8 +23,8 @@ class ChoiceEmission:
     """The emission state machine of one choice: records in, released text and entries out.
 
     Each record's emitted tokens pass through the incremental decoder, then the stop-string
-    hold-back. Which tokens keep entries is `domain.emission.entries`'s rule; here is where
-    each token's role comes from and where its entry lands:
+    hold-back. Which tokens keep entries is `domain.emission.entries`'s rule; here each token
+    is told what it is (`Emitted`), and its entry is placed:
     - A requesting choice's payload has one position per emitted token, naming that token
       (`LogprobDataError` otherwise); a forced token (the record's forced mask) has no entry.
     - A terminating stop token (EOS or a `stop_token_ids` entry) stays in `token_ids` but adds
