@@ -182,11 +182,6 @@ class IncrementalDetokenizer:
         """Number of tokens pushed, skipped special tokens included."""
         return len(self._offsets)
 
-    @property
-    def finished(self) -> bool:
-        """Whether ``flush`` has been called."""
-        return self._finished
-
     def offset(self, index: int) -> int:
         """Character index in ``text`` where token ``index``'s first byte lands.
 
