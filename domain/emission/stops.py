@@ -71,16 +71,6 @@ class StopStringMatcher:
         self._finished = False
 
     @property
-    def stops(self) -> tuple[str, ...]:
-        """The distinct stop strings, longest first."""
-        return self._stops
-
-    @property
-    def held(self) -> int:
-        """Number of characters fed but not yet released."""
-        return self._held
-
-    @property
     def stop(self) -> str | None:
         """The stop string that ended the stream, or None."""
         return self._stop
