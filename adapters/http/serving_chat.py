@@ -9,10 +9,9 @@ import falcon.asgi
 from falcon.asgi import SSEvent
 
 from adapters.http import generation
-from adapters.http.body import read_json
+from adapters.http.body import PostEndpoint
 from adapters.http.engine_bridge import RequestGroup
-from adapters.http.parsing import chat_request
-from adapters.http.serving import HttpSettings, ModelHolder
+from adapters.http.requests.chat import chat_request
 from adapters.http.streaming import stream_chunks
 from domain.common.wire import JsonObject
 from domain.emission.outputs import ChoiceDelta, LogprobEntry, Usage
@@ -32,15 +31,11 @@ from domain.presentation.parsed import parsed_delta, parsed_message
 from domain.requests.api_request import ApiRequest
 
 
-class ChatCompletionsResource:
-    def __init__(self, holder: ModelHolder, settings: HttpSettings) -> None:
-        self._holder = holder
-        self._settings = settings
-
+class ChatCompletionsResource(PostEndpoint):
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         served = self._holder.served
-        body = await read_json(req, self._settings.max_body_bytes)
-        job = chat_request(body, served.tokenizer, auto_tool_choice=served.parsers.auto_tool_choice)
+        raw = await self._body(req)
+        job = chat_request(raw, served.tokenizer, auto_tool_choice=served.parsers.auto_tool_choice)
         parsers = served.parsers.config(
             tools=job.structure.auto_tools,
             prompt=job.prompts[0].text,
