@@ -526,7 +526,8 @@ def main() -> None:
         ours_says = msgspec_message(raw, MSGSPEC_BODIES[kind])
         theirs_says = cattrs_message(raw, ATTRS_BODIES[kind])
         shown = json.dumps(body)
-        print(f"| {kind} | `{shown}` | {ours_says} | {theirs_says} |")
+        cells = (kind, f"`{shown}`", ours_says, theirs_says)
+        print("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import falcon.asgi
 
-from adapters.http.serving import HttpSettings, ModelHolder
+from adapters.http.serving import HttpSettings, ModelHolder, ServedModel
 from domain.common.errors import PayloadTooLargeError
 
 
@@ -24,5 +24,10 @@ class PostEndpoint:
         self._holder = holder
         self._settings = settings
 
-    async def _body(self, req: falcon.asgi.Request) -> bytes:
-        return await read_body(req, self._settings.max_body_bytes)
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        served = self._holder.served  # a 503 while the model loads, before the body is read
+        await self.respond(served, await read_body(req, self._settings.max_body_bytes), resp)
+
+    async def respond(self, served: ServedModel, raw: bytes, resp: falcon.asgi.Response) -> None:
+        """Answers the body `raw`, as yet undecoded."""
+        raise NotImplementedError

@@ -12,6 +12,7 @@ from adapters.http import generation
 from adapters.http.body import PostEndpoint
 from adapters.http.engine_bridge import RequestGroup
 from adapters.http.requests.chat import chat_request
+from adapters.http.serving import ServedModel
 from adapters.http.streaming import stream_chunks
 from domain.common.wire import JsonObject
 from domain.emission.outputs import ChoiceDelta, LogprobEntry, Usage
@@ -32,9 +33,7 @@ from domain.requests.api_request import ApiRequest
 
 
 class ChatCompletionsResource(PostEndpoint):
-    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        served = self._holder.served
-        raw = await self._body(req)
+    async def respond(self, served: ServedModel, raw: bytes, resp: falcon.asgi.Response) -> None:
         job = chat_request(raw, served.tokenizer, auto_tool_choice=served.parsers.auto_tool_choice)
         parsers = served.parsers.config(
             tools=job.structure.auto_tools,

@@ -11,6 +11,7 @@ from adapters.http import generation
 from adapters.http.body import PostEndpoint
 from adapters.http.engine_bridge import RequestGroup, check_all
 from adapters.http.requests.completion import completion_request
+from adapters.http.serving import ServedModel
 from adapters.http.sse import done_event, json_event
 from adapters.http.streaming import stream_chunks
 from domain.emission.outputs import ChoiceDelta, LogprobEntry, PromptScores, Usage
@@ -37,9 +38,8 @@ from ports.tokenizer import Tokenizer
 
 
 class CompletionsResource(PostEndpoint):
-    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        served = self._holder.served
-        job = completion_request(await self._body(req), served.tokenizer)
+    async def respond(self, served: ServedModel, raw: bytes, resp: falcon.asgi.Response) -> None:
+        job = completion_request(raw, served.tokenizer)
         header = generation.start(job, served, "cmpl")
         if not job.generates and not job.scores_prompt:
             await check_all(

@@ -35,9 +35,7 @@ class ResponsesResource(PostEndpoint):
         super().__init__(holder, settings)
         self._store = store
 
-    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        served = self._holder.served
-        raw = await self._body(req)
+    async def respond(self, served: ServedModel, raw: bytes, resp: falcon.asgi.Response) -> None:
         header = ResponseHeader(f"resp_{uuid.uuid4().hex}", int(time.time()), served.name)
         with responses_names():
             job = responses_request(

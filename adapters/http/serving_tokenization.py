@@ -6,14 +6,14 @@ import falcon.asgi
 
 from adapters.http.body import PostEndpoint
 from adapters.http.requests.tokenization import detokenize_request, tokenize_request
+from adapters.http.serving import ServedModel
 
 
 class TokenizeResource(PostEndpoint):
     """A prompt string, or chat messages rendered through the template."""
 
-    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        served = self._holder.served
-        tokens, model = tokenize_request(await self._body(req), served.tokenizer)
+    async def respond(self, served: ServedModel, raw: bytes, resp: falcon.asgi.Response) -> None:
+        tokens, model = tokenize_request(raw, served.tokenizer)
         served.check_model(model)
         resp.media = {
             "count": len(tokens),
@@ -24,8 +24,7 @@ class TokenizeResource(PostEndpoint):
 
 
 class DetokenizeResource(PostEndpoint):
-    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        served = self._holder.served
-        tokens, model = detokenize_request(await self._body(req), served.tokenizer.vocab_size)
+    async def respond(self, served: ServedModel, raw: bytes, resp: falcon.asgi.Response) -> None:
+        tokens, model = detokenize_request(raw, served.tokenizer.vocab_size)
         served.check_model(model)
         resp.media = {"prompt": served.tokenizer.decode(tokens, skip_special_tokens=False)}

@@ -12,11 +12,9 @@ from msgspec import Meta
 from adapters.http.requests.declared import (
     Flag,
     Integer,
-    JsonObject,
     Objects,
     Text,
     TokenBudget,
-    TokenIds,
     whole_or_none,
 )
 from adapters.http.requests.decoding import decode
@@ -36,7 +34,7 @@ from adapters.http.requests.responses_fields import (
 )
 from adapters.http.requests.responses_input import input_messages
 from adapters.http.requests.responses_logprobs import logprob_ask
-from adapters.http.requests.sampling import Sampling, sampling_params
+from adapters.http.requests.sampling import Generating, sampling_params
 from domain.common.errors import InvalidRequestError
 from domain.requests.api_request import ApiRequest, Prompt
 from domain.responses.objects import ResponseSettings
@@ -48,10 +46,10 @@ from ports.tokenizer import Tokenizer
 _RESPONSES_NAMES = {"max_tokens": "max_output_tokens", "response_format": "text"}
 
 
-class ResponsesBody(Sampling, frozen=True, forbid_unknown_fields=True):
+class ResponsesBody(Generating, frozen=True, forbid_unknown_fields=True):
     """OpenAI's fields that change what is generated or returned, those that name the caller
-    (`user`, `safety_identifier`, `prompt_cache_key`), the neutral ones, and vLLM's sampling
-    extras as chat takes them."""
+    (`user`, `safety_identifier`, `prompt_cache_key`) and the neutral ones, with the model,
+    `stream`, and vLLM's sampling and output extras as chat takes them."""
 
     input: (
         Annotated[
@@ -60,7 +58,6 @@ class ResponsesBody(Sampling, frozen=True, forbid_unknown_fields=True):
         ]
         | None
     ) = None
-    model: Text | None = None
     instructions: Text | None = None
     max_output_tokens: TokenBudget | None = None
     tools: Objects | None = None
@@ -68,7 +65,6 @@ class ResponsesBody(Sampling, frozen=True, forbid_unknown_fields=True):
     parallel_tool_calls: Flag | None = None
     include: Include | None = None
     top_logprobs: Integer | None = None
-    stream: Flag | None = None
     stream_options: Annotated[StreamOptions, Meta(description="an object")] | None = None
     store: Flag | None = None
     previous_response_id: Text | None = None
@@ -81,9 +77,6 @@ class ResponsesBody(Sampling, frozen=True, forbid_unknown_fields=True):
     background: Background | None = None
     truncation: Truncation | None = None
     service_tier: ServiceTier | None = None
-    logprob_token_ids: TokenIds | None = None
-    return_tokens_as_token_ids: Flag | None = None
-    structured_outputs: JsonObject | None = None
 
 
 @dataclass(frozen=True, slots=True)

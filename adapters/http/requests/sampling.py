@@ -7,11 +7,13 @@ from typing import Any
 from adapters.http.requests.declared import (
     Body,
     Flag,
+    JsonObject,
     LogitBias,
     MinTokens,
     Number,
     Seed,
     Stop,
+    Text,
     TokenIds,
     TopK,
     whole,
@@ -24,9 +26,15 @@ _NUMBERS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_pena
 _FLAGS = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens")
 
 
-class Sampling(Body, frozen=True):
-    """vLLM's sampling fields, which Responses takes as extras too."""
+class Generating(Body, frozen=True):
+    """What every generating endpoint declares: the model, streaming, vLLM's sampling fields
+    (which Responses takes as extras too) and vLLM's output extras."""
 
+    model: Text | None = None
+    stream: Flag | None = None
+    logprob_token_ids: TokenIds | None = None
+    return_tokens_as_token_ids: Flag | None = None
+    structured_outputs: JsonObject | None = None
     temperature: Number | None = None
     top_p: Number | None = None
     top_k: TopK | None = None
@@ -41,15 +49,9 @@ class Sampling(Body, frozen=True):
     logit_bias: LogitBias | None = None
 
 
-class GenerationSampling(Sampling, frozen=True):
-    """The sampling fields of completions and chat, which Responses does not take."""
-
-    stop_token_ids: TokenIds | None = None
-    include_stop_str_in_output: Flag | None = None
-    skip_special_tokens: Flag | None = None
-
-
-def sampling_params(body: Sampling, max_tokens: int | None) -> SamplingParams:
+def sampling_params(body: Generating, max_tokens: int | None) -> SamplingParams:
+    """Completions and chat also declare `stop_token_ids`, `include_stop_str_in_output` and
+    `skip_special_tokens`, which Responses does not take."""
     sent: dict[str, Any] = {
         name: value
         for name in (*_NUMBERS, "repetition_penalty", *_FLAGS)

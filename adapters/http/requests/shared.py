@@ -11,13 +11,12 @@ from adapters.http.requests.declared import (
     Flag,
     Integer,
     JsonObject,
-    Text,
     ThinkingBudget,
     TokenIds,
     whole,
     whole_or_none,
 )
-from adapters.http.requests.sampling import GenerationSampling, sampling_params
+from adapters.http.requests.sampling import Generating, sampling_params
 from domain.logprobs.rules import LogprobAsk
 from domain.requests.api_request import ApiRequest, Prompt
 from domain.requests.api_request import StreamOptions as StreamSettings
@@ -29,18 +28,16 @@ class StreamOptions(Struct, kw_only=True, frozen=True):
     continuous_usage_stats: Flag | None = None
 
 
-class GenerationBody(GenerationSampling, frozen=True):
+class GenerationBody(Generating, frozen=True):
     """The fields of `POST /v1/completions` and `POST /v1/chat/completions` alike."""
 
-    model: Text | None = None
+    stop_token_ids: TokenIds | None = None
+    include_stop_str_in_output: Flag | None = None
+    skip_special_tokens: Flag | None = None
     n: Choices | None = None
-    stream: Flag | None = None
     stream_options: Annotated[StreamOptions, Meta(description="an object")] | None = None
-    logprob_token_ids: TokenIds | None = None
     prompt_logprobs: Integer | None = None
-    return_tokens_as_token_ids: Flag | None = None
     response_format: JsonObject | None = None
-    structured_outputs: JsonObject | None = None
     thinking_token_budget: ThinkingBudget | None = None
 
 
