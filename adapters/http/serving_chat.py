@@ -85,10 +85,7 @@ def _stream(
             header, index, content, delta.finish_reason, delta.stop_reason, usage, logprobs
         )
 
-    opening = [
-        chat_chunk(header, index, {"role": "assistant", "content": ""}) for index in range(job.n)
-    ]
-    return stream_chunks(header, job, group, build, chat=True, opening=opening)
+    return stream_chunks(header, job, group, build, chat=True, opening=_opening(header, job))
 
 
 def _parsed_choice(
@@ -140,7 +137,11 @@ def _parsed_stream(
             header, index, parsed_delta(parsed), finish, parsed.stop_reason, usage, logprobs
         )
 
-    opening = [
+    return stream_chunks(header, job, group, build, chat=True, opening=_opening(header, job))
+
+
+def _opening(header: ResponseHeader, job: ApiRequest) -> list[dict]:
+    """Each choice's first chunk: the assistant role with empty content, as vLLM sends it."""
+    return [
         chat_chunk(header, index, {"role": "assistant", "content": ""}) for index in range(job.n)
     ]
-    return stream_chunks(header, job, group, build, chat=True, opening=opening)

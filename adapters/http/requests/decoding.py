@@ -35,6 +35,8 @@ def decode(raw: bytes, body: type[T]) -> T:
         return msgspec.json.decode(raw, type=body)
     except msgspec.ValidationError as error:
         raise invalid(error, body) from None
+    except RecursionError:
+        raise InvalidRequestError("the request body is nested too deeply") from None
     except msgspec.DecodeError:
         # Malformed JSON, or JSON that msgspec refuses though it is valid: a `\ud800` escape (a
         # lone surrogate) or NaN. The standard library reads those; a lone surrogate is then a
@@ -42,10 +44,7 @@ def decode(raw: bytes, body: type[T]) -> T:
         value = _read(raw)
     if isinstance(value, dict):
         _check_text(value, {f.encode_name for f in msgspec.structs.fields(body)})  # type: ignore[arg-type]
-    try:
-        return msgspec.convert(value, type=body)
-    except msgspec.ValidationError as error:
-        raise invalid(error, body) from None
+    return convert(value, body, "")
 
 
 def convert(value: Any, member: Any, path: str) -> Any:
@@ -55,6 +54,8 @@ def convert(value: Any, member: Any, path: str) -> Any:
         return msgspec.convert(value, type=member)
     except msgspec.ValidationError as error:
         raise invalid(error, member, prefix=path) from None
+    except RecursionError:
+        raise InvalidRequestError("the request body is nested too deeply") from None
 
 
 def invalid(error: msgspec.ValidationError, body: Any, prefix: str = "") -> InvalidRequestError:

@@ -96,3 +96,18 @@ def test_a_string_for_an_integer_is_refused_not_converted(client):
     )
 
     assert error["message"] == "`max_tokens` must be an integer from 0 to 2147483647."
+
+
+@pytest.mark.parametrize("where", ["response_format", "ignored"])
+def test_a_body_nested_too_deeply_is_a_400_not_a_crash(client, where):
+    depth = 100_000
+    body = (
+        '{"messages": [{"role": "user", "content": "hi"}], "%s": {"a": %s%s}}'
+        % (where, "[" * depth, "]" * depth)
+    )
+
+    result = client.simulate_post(
+        "/v1/chat/completions", body=body, headers={"content-type": "application/json"}
+    )
+
+    assert "nested too deeply" in assert_error(result, 400)["message"]
