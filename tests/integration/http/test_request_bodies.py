@@ -3,6 +3,8 @@ message, in the words of the field's declaration; what the declarations take sta
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.integration.http.test_errors import assert_error
@@ -101,10 +103,8 @@ def test_a_string_for_an_integer_is_refused_not_converted(client):
 @pytest.mark.parametrize("where", ["response_format", "ignored"])
 def test_a_body_nested_too_deeply_is_a_400_not_a_crash(client, where):
     depth = 100_000
-    body = (
-        '{"messages": [{"role": "user", "content": "hi"}], "%s": {"a": %s%s}}'
-        % (where, "[" * depth, "]" * depth)
-    )
+    deep = "[" * depth + "]" * depth
+    body = json.dumps({"messages": USER, where: {"a": "<deep>"}}).replace('"<deep>"', deep)
 
     result = client.simulate_post(
         "/v1/chat/completions", body=body, headers={"content-type": "application/json"}
