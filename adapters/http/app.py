@@ -9,18 +9,13 @@ import falcon.asgi
 
 from adapters.http import errors
 from adapters.http.auth import ApiKeyMiddleware
-from adapters.http.chat import ChatCompletionsResource
-from adapters.http.completions import CompletionsResource
 from adapters.http.metrics import MetricsResource
-from adapters.http.resources import (
-    DetokenizeResource,
-    HealthResource,
-    ModelsResource,
-    OpenApiResource,
-    TokenizeResource,
-)
-from adapters.http.responses import ResponsesResource
+from adapters.http.resources import HealthResource, ModelsResource, OpenApiResource
 from adapters.http.serving import HttpSettings, ModelHolder
+from adapters.http.serving_chat import ChatCompletionsResource
+from adapters.http.serving_completion import CompletionsResource
+from adapters.http.serving_responses import ResponsesResource
+from adapters.http.serving_tokenization import DetokenizeResource, TokenizeResource
 from adapters.metrics.prometheus import PrometheusMetrics
 from domain.responses.store import ResponseStore
 

@@ -21,11 +21,14 @@ class IntRange:
     low: int
     high: int
 
+    def describe(self) -> str:
+        """What a value must be, as the 400 says it (also the HTTP declarations' wording)."""
+        return f"an integer from {self.low} to {self.high}"
+
     def check(self, value: int, param: str, *, subject: str | None = None) -> None:
         if not self.low <= value <= self.high:
             raise InvalidRequestError(
-                f"{subject or f'`{param}`'} must be an integer from {self.low} to {self.high}.",
-                param=param,
+                f"{subject or f'`{param}`'} must be {self.describe()}.", param=param
             )
 
     def check_each(self, values: Iterable[int], param: str) -> None:

@@ -244,7 +244,7 @@ def test_a_deeply_nested_body_is_a_bad_request(contract_app: falcon.asgi.App) ->
     assert result.status_code == 400
 
 
-# Regressions found while fuzzing, in parsing.py and fields.py, and fixed there.
+# Regressions found while fuzzing, in the field readers that adapters/http/requests replaced.
 
 
 @pytest.mark.parametrize("n", [0, 17])

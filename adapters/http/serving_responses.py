@@ -12,10 +12,10 @@ import falcon.asgi
 from falcon.asgi import SSEvent
 
 from adapters.http import generation
-from adapters.http.body import read_json
+from adapters.http.body import PostEndpoint
 from adapters.http.engine_bridge import RequestGroup
-from adapters.http.responses_input import output_messages
-from adapters.http.responses_parsing import ResponsesJob, responses_names, responses_request
+from adapters.http.requests.responses import ResponsesJob, responses_names, responses_request
+from adapters.http.requests.responses_input import output_messages
 from adapters.http.serving import HttpSettings, ModelHolder, ServedModel
 from domain.common.errors import DomainError, NotFoundError
 from domain.common.wire import JsonObject
@@ -28,17 +28,14 @@ from domain.responses.assembler import EntryRenderer, ResponseAssembler
 from domain.responses.store import ResponseStore, StoredResponse
 
 
-class ResponsesResource:
+class ResponsesResource(PostEndpoint):
     """Creates responses (one choice each) and returns stored ones."""
 
     def __init__(self, holder: ModelHolder, settings: HttpSettings, store: ResponseStore) -> None:
-        self._holder = holder
-        self._settings = settings
+        super().__init__(holder, settings)
         self._store = store
 
-    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        served = self._holder.served
-        raw = await read_json(req, self._settings.max_body_bytes)
+    async def respond(self, served: ServedModel, raw: bytes, resp: falcon.asgi.Response) -> None:
         header = ResponseHeader(f"resp_{uuid.uuid4().hex}", int(time.time()), served.name)
         with responses_names():
             job = responses_request(

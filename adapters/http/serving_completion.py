@@ -8,10 +8,10 @@ import falcon.asgi
 from falcon.asgi import SSEvent
 
 from adapters.http import generation
-from adapters.http.body import read_json
+from adapters.http.body import PostEndpoint
 from adapters.http.engine_bridge import RequestGroup, check_all
-from adapters.http.parsing import completion_request
-from adapters.http.serving import HttpSettings, ModelHolder
+from adapters.http.requests.completion import completion_request
+from adapters.http.serving import ServedModel
 from adapters.http.sse import done_event, json_event
 from adapters.http.streaming import stream_chunks
 from domain.emission.outputs import ChoiceDelta, LogprobEntry, PromptScores, Usage
@@ -37,16 +37,9 @@ from domain.requests.engine_request import EngineRequest
 from ports.tokenizer import Tokenizer
 
 
-class CompletionsResource:
-    def __init__(self, holder: ModelHolder, settings: HttpSettings) -> None:
-        self._holder = holder
-        self._settings = settings
-
-    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        served = self._holder.served
-        job = completion_request(
-            await read_json(req, self._settings.max_body_bytes), served.tokenizer
-        )
+class CompletionsResource(PostEndpoint):
+    async def respond(self, served: ServedModel, raw: bytes, resp: falcon.asgi.Response) -> None:
+        job = completion_request(raw, served.tokenizer)
         header = generation.start(job, served, "cmpl")
         if not job.generates and not job.scores_prompt:
             await check_all(

@@ -9,10 +9,10 @@ import falcon.asgi
 from falcon.asgi import SSEvent
 
 from adapters.http import generation
-from adapters.http.body import read_json
+from adapters.http.body import PostEndpoint
 from adapters.http.engine_bridge import RequestGroup
-from adapters.http.parsing import chat_request
-from adapters.http.serving import HttpSettings, ModelHolder
+from adapters.http.requests.chat import chat_request
+from adapters.http.serving import ServedModel
 from adapters.http.streaming import stream_chunks
 from domain.common.wire import JsonObject
 from domain.emission.outputs import ChoiceDelta, LogprobEntry, Usage
@@ -32,15 +32,9 @@ from domain.presentation.parsed import parsed_delta, parsed_message
 from domain.requests.api_request import ApiRequest
 
 
-class ChatCompletionsResource:
-    def __init__(self, holder: ModelHolder, settings: HttpSettings) -> None:
-        self._holder = holder
-        self._settings = settings
-
-    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        served = self._holder.served
-        body = await read_json(req, self._settings.max_body_bytes)
-        job = chat_request(body, served.tokenizer, auto_tool_choice=served.parsers.auto_tool_choice)
+class ChatCompletionsResource(PostEndpoint):
+    async def respond(self, served: ServedModel, raw: bytes, resp: falcon.asgi.Response) -> None:
+        job = chat_request(raw, served.tokenizer, auto_tool_choice=served.parsers.auto_tool_choice)
         parsers = served.parsers.config(
             tools=job.structure.auto_tools,
             prompt=job.prompts[0].text,
@@ -91,10 +85,7 @@ def _stream(
             header, index, content, delta.finish_reason, delta.stop_reason, usage, logprobs
         )
 
-    opening = [
-        chat_chunk(header, index, {"role": "assistant", "content": ""}) for index in range(job.n)
-    ]
-    return stream_chunks(header, job, group, build, chat=True, opening=opening)
+    return stream_chunks(header, job, group, build, chat=True, opening=_opening(header, job))
 
 
 def _parsed_choice(
@@ -146,7 +137,11 @@ def _parsed_stream(
             header, index, parsed_delta(parsed), finish, parsed.stop_reason, usage, logprobs
         )
 
-    opening = [
+    return stream_chunks(header, job, group, build, chat=True, opening=_opening(header, job))
+
+
+def _opening(header: ResponseHeader, job: ApiRequest) -> list[dict]:
+    """Each choice's first chunk: the assistant role with empty content, as vLLM sends it."""
+    return [
         chat_chunk(header, index, {"role": "assistant", "content": ""}) for index in range(job.n)
     ]
-    return stream_chunks(header, job, group, build, chat=True, opening=opening)

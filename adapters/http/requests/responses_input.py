@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from adapters.http.fields import is_text, read_text_parts
+from adapters.http.requests.decoding import is_text
 from domain.common.errors import InvalidRequestError
 
 _MESSAGE_ROLES = ("user", "system", "developer", "assistant")
@@ -71,14 +71,23 @@ def _message(item: Mapping[str, object]) -> dict:
 
 def _text(raw: Any, what: str) -> str:
     """A string, or a list of `input_text` / `output_text` parts joined."""
-    return read_text_parts(
-        raw,
-        _TEXT_PARTS,
-        param="input",
-        what=what,
-        bad_part=f"{what} parts must be input_text or output_text parts with text; other "
-        "kinds (images, files, audio) are not served",
-    )
+    if is_text(raw):
+        return raw
+    if not isinstance(raw, list):
+        raise _fail(f"{what} must be a string of valid Unicode or a list of text parts")
+    parts = []
+    for part in raw:
+        if (
+            not isinstance(part, dict)
+            or part.get("type") not in _TEXT_PARTS
+            or not is_text(part.get("text"))
+        ):
+            raise _fail(
+                f"{what} parts must be input_text or output_text parts with text; other "
+                "kinds (images, files, audio) are not served"
+            )
+        parts.append(part["text"])
+    return "".join(parts)
 
 
 def _string(item: Mapping[str, object], name: str, kind: str) -> str:

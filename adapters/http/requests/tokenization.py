@@ -1,0 +1,51 @@
+"""The bodies of `POST /tokenize` (a prompt, or chat messages) and `POST /detokenize`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from msgspec import Meta, structs
+
+from adapters.http.requests.chat import ChatFields, Message, chat_api_request
+from adapters.http.requests.declared import Body, Flag, Text, TokenIds, whole
+from adapters.http.requests.decoding import decode
+from domain.common.errors import InvalidRequestError
+from domain.common.ranges import check_token_ids
+from ports.tokenizer import Tokenizer
+
+
+class TokenizeBody(ChatFields, frozen=True):
+    """A prompt, or messages with the chat body's fields (validated as chat validates them)."""
+
+    prompt: Text | None = None
+    add_special_tokens: Flag | None = None
+    messages: (
+        Annotated[list[Message], Meta(min_length=1, description="a non-empty list")] | None
+    ) = None
+
+
+class DetokenizeBody(Body, frozen=True):
+    tokens: TokenIds | None = None
+    model: Text | None = None
+
+
+def tokenize_request(raw: bytes, tokenizer: Tokenizer) -> tuple[list[int], str | None]:
+    """The prompt's token IDs and the model the body names."""
+    body = decode(raw, TokenizeBody)
+    if body.messages is not None:
+        chat = chat_api_request(structs.replace(body, max_tokens=1), tokenizer, body.messages)
+        return list(chat.prompts[0].token_ids), body.model
+    if body.prompt is None:
+        raise InvalidRequestError("`prompt` or `messages` is required", param="prompt")
+    add_special = body.add_special_tokens is not False
+    return tokenizer.encode(body.prompt, add_special_tokens=add_special), body.model
+
+
+def detokenize_request(raw: bytes, vocab_size: int) -> tuple[list[int], str | None]:
+    """The token IDs to decode and the model the body names."""
+    body = decode(raw, DetokenizeBody)
+    if body.tokens is None:
+        raise InvalidRequestError("`tokens` is required", param="tokens")
+    tokens = [whole(token) for token in body.tokens]
+    check_token_ids(tokens, vocab_size, "tokens")
+    return tokens, body.model
