@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from adapters.gpu.distributed.launch import ParallelLaunch
 from adapters.gpu.factory import RunnerSettings
-from adapters.gpu.parallel.launch import ParallelLaunch
 from domain.engine.engine import EngineConfig
 from domain.speculation.drafts import SpeculativeConfig, SpeculativeConfigError
 

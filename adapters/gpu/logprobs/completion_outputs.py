@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import torch
 
+from adapters.gpu.distributed.collectives import Collectives
+from adapters.gpu.distributed.split import RankSplit
 from adapters.gpu.logprobs.reducer import LogprobReducer, ReductionInputs
 from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer
-from adapters.gpu.parallel.collectives import Collectives
-from adapters.gpu.parallel.reference_reducer import VocabParallelLogprobReducer
-from adapters.gpu.parallel.split import RankSplit
+from adapters.gpu.logprobs.reference_reducer_vp import VocabParallelLogprobReducer
 from domain.contract.records import HEADER_WORDS, CompletionRecord
 from domain.engine.step import ExecutorGeometry, FrameResult, SlotWork
 from domain.logprobs.values import (
@@ -229,7 +229,7 @@ def _reducer(
         raise ValueError(f"unknown logprobs backend {backend!r}")
     if split is not None:
         if backend == "triton":
-            from adapters.gpu.parallel.triton_reducer import TritonVocabParallelLogprobReducer
+            from adapters.gpu.logprobs.triton_reducer_vp import TritonVocabParallelLogprobReducer
 
             return TritonVocabParallelLogprobReducer(
                 vocab_size, top_k, split.rank, split.world_size, collectives

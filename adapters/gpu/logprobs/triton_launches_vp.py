@@ -8,6 +8,7 @@ import triton.language as tl
 
 from adapters.gpu.logprobs.keys import CANDIDATES_PER_TILE, LOW_WORD, NAN_BITS, NO_KEY
 from adapters.gpu.logprobs.normalizer import LSE_TILE
+from adapters.gpu.logprobs.reference_reducer_vp import CHOSEN_WORD, EXCHANGE_WORDS, VALUE_WORDS
 from adapters.gpu.logprobs.triton_reducer import (
     TILE_TREE_LEVELS,
     fusion_options,
@@ -19,7 +20,6 @@ from adapters.gpu.logprobs.triton_reducer import (
     tl_fp32_log,
     tl_order_keys,
 )
-from adapters.gpu.parallel.reference_reducer import CHOSEN_WORD, EXCHANGE_WORDS, VALUE_WORDS
 from domain.logprobs.values import MAX_SELECTED_IDS
 
 # Kernels may only read module globals that are constexpr: these wrap the shared numbers.

@@ -6,10 +6,10 @@ from collections.abc import Callable
 
 import torch
 
+from adapters.gpu.distributed.collectives import Collectives
+from adapters.gpu.distributed.shards import VocabShard
 from adapters.gpu.logprobs.keys import NAN_BITS, NO_KEY, key_token_ids, order_keys, top_sort_keys
 from adapters.gpu.logprobs.normalizer import combine_tiles, group_tiles, tile_statistics
-from adapters.gpu.parallel.collectives import Collectives
-from adapters.gpu.parallel.shards import VocabShard
 from adapters.gpu.scoring.prompt_scorer import (
     PROJECTION_ROWS,
     check_score_inputs,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
+from adapters.gpu.distributed.collectives import Collectives
+from adapters.gpu.distributed.shards import VocabShard
 from adapters.gpu.logprobs.keys import CANDIDATES_PER_TILE, NO_KEY, key_token_ids, order_keys
 from adapters.gpu.logprobs.normalizer import combine_tiles, tile_statistics
 from adapters.gpu.logprobs.reducer import ReductionInputs, check_inputs, check_sizes
 from adapters.gpu.logprobs.reference_reducer import write_positions
-from adapters.gpu.parallel.collectives import Collectives
-from adapters.gpu.parallel.shards import VocabShard
 from domain.logprobs.values import MAX_SELECTED_IDS, NO_TOKEN
 
 EXCHANGE_WORDS = 256

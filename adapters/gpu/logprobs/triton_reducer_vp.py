@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
+from adapters.gpu.distributed.collectives import Collectives
+from adapters.gpu.distributed.shards import VocabShard
+from adapters.gpu.logprobs.custom_op_vp import vocab_parallel_operators
 from adapters.gpu.logprobs.keys import CANDIDATES_PER_TILE
 from adapters.gpu.logprobs.reducer import ReductionInputs, check_inputs, check_sizes
-from adapters.gpu.parallel.collectives import Collectives
-from adapters.gpu.parallel.custom_ops import vocab_parallel_operators
-from adapters.gpu.parallel.reference_reducer import EXCHANGE_WORDS, MAX_SHARD_TILES
-from adapters.gpu.parallel.shards import VocabShard
+from adapters.gpu.logprobs.reference_reducer_vp import EXCHANGE_WORDS, MAX_SHARD_TILES
 
 
 class TritonVocabParallelLogprobReducer:
