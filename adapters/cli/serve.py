@@ -8,7 +8,12 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
-from adapters.cli.runner_args import add_runner_arguments, parallel_launch, runner_settings
+from adapters.cli.runner_args import (
+    add_model_argument,
+    add_runner_arguments,
+    parallel_launch,
+    runner_settings,
+)
 from adapters.cli.serve_config import ENVIRONMENT_VARIABLE, ServeConfig
 from adapters.metrics.registry import clear_multiprocess_directory, forget_process
 from domain.parsers.parsed import REASONING_PARSERS, TOOL_CALL_PARSERS
@@ -17,13 +22,7 @@ from domain.parsers.settings import ReasoningStrings, grammar_in_reasoning
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("serve", help="serve the OpenAI-compatible API")
-    parser.add_argument(
-        "model_path",
-        nargs="?",
-        default=None,
-        metavar="MODEL",
-        help="model directory or .gguf file (default: the embedded SmolLM2-135M)",
-    )
+    add_model_argument(parser, "model_path")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", default=None)
