@@ -17,7 +17,12 @@ def add_model_argument(parser: argparse.ArgumentParser, dest: str) -> None:
     parser.add_argument(dest, nargs="?", default=None, metavar="MODEL", help=MODEL_HELP)
 
 
-def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
+def add_runner_arguments(
+    parser: argparse.ArgumentParser, model_positional: str | None = None
+) -> None:
+    """The runner flags; `model_positional` names an optional MODEL positional as well."""
+    if model_positional is not None:
+        add_model_argument(parser, model_positional)
     parser.add_argument("--model", default=None, help=MODEL_HELP)
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument(

@@ -8,12 +8,7 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
-from adapters.cli.runner_args import (
-    add_model_argument,
-    add_runner_arguments,
-    parallel_launch,
-    runner_settings,
-)
+from adapters.cli.runner_args import add_runner_arguments, parallel_launch, runner_settings
 from adapters.cli.serve_config import ENVIRONMENT_VARIABLE, ServeConfig
 from adapters.metrics.registry import clear_multiprocess_directory, forget_process
 from domain.parsers.parsed import REASONING_PARSERS, TOOL_CALL_PARSERS
@@ -22,7 +17,6 @@ from domain.parsers.settings import ReasoningStrings, grammar_in_reasoning
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("serve", help="serve the OpenAI-compatible API")
-    add_model_argument(parser, "model_path")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", default=None)
@@ -40,7 +34,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="gunicorn worker timeout in seconds (model load included)",
     )
     _add_parser_arguments(parser)
-    add_runner_arguments(parser)
+    add_runner_arguments(parser, model_positional="model_path")
     parser.set_defaults(run=run)
 
 
