@@ -88,22 +88,6 @@ class CompletionOutputs:
             self._reducer = _reducer(backend, geometry.vocab_size, self._top_k, split, collectives)
             self._prepare(self.buffers)
 
-    @property
-    def logprobs(self) -> torch.Tensor | None:
-        return None if self.buffers is None else self.buffers.logprobs
-
-    @property
-    def requested(self) -> torch.Tensor | None:
-        return None if self.buffers is None else self.buffers.requested
-
-    @property
-    def token_ids(self) -> torch.Tensor | None:
-        return None if self.buffers is None else self.buffers.token_ids
-
-    @property
-    def counts(self) -> torch.Tensor | None:
-        return None if self.buffers is None else self.buffers.counts
-
     def _prepare(self, buffers: LogprobBuffers) -> None:
         """Sizes the reducer's workspaces and runs it once on a scratch frame, so any kernel
         compilation happens at start-up (before capture), never while serving."""
