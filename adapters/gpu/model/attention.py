@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from adapters.gpu.model.forward_batch import ForwardBatch
+from adapters.gpu.model.forward_batch import DecodeLayout, ForwardBatch, PrefillLayout
 
 
 @dataclass(frozen=True, eq=False)
@@ -75,14 +75,14 @@ def paged_attention(
     decode_out = prefill_out = None
     cache = _PagedCache(key_cache, value_cache, groups, scale)
     if batch.decode is not None:
-        decode_out = cache.decode(queries, batch, masks)
+        decode_out = cache.decode(queries, batch.decode, _built(masks.decode))
         if batch.decode.covers_all_rows:
             return decode_out
     if batch.prefill is not None:
         if masks.prefill_is_fresh_causal:
             prefill_out = _fresh_causal(queries, keys, values, batch, scale)
         else:
-            prefill_out = cache.prefill(queries, batch, masks)
+            prefill_out = cache.prefill(queries, batch.prefill, _built(masks.prefill))
         if batch.prefill.covers_all_rows:
             return prefill_out
     output = queries.new_empty(num_rows, num_heads * head_dim)
@@ -103,11 +103,8 @@ class _PagedCache:
     scale: float
 
     def decode(
-        self, queries: torch.Tensor, batch: ForwardBatch, masks: AttentionMasks
+        self, queries: torch.Tensor, layout: DecodeLayout, mask: torch.Tensor
     ) -> torch.Tensor:
-        layout, mask = batch.decode, masks.decode
-        if layout is None or mask is None:
-            raise ValueError("the batch has no decode rows")
         rows = queries if layout.covers_all_rows else queries.index_select(0, layout.rows)
         count, num_heads, head_dim = rows.shape
         # One query per row: its heads of a group become that group's query "sequence".
@@ -116,11 +113,8 @@ class _PagedCache:
         return out.reshape(count, num_heads * head_dim)
 
     def prefill(
-        self, queries: torch.Tensor, batch: ForwardBatch, masks: AttentionMasks
+        self, queries: torch.Tensor, layout: PrefillLayout, mask: torch.Tensor
     ) -> torch.Tensor:
-        layout, mask = batch.prefill, masks.prefill
-        if layout is None or mask is None:
-            raise ValueError("the batch has no masked prefill chunks")
         groups = self.groups
         _, num_heads, head_dim = queries.shape
         num_kv_heads = num_heads // groups
@@ -147,6 +141,13 @@ class _PagedCache:
         return F.scaled_dot_product_attention(
             folded, keys, values, attn_mask=mask, scale=self.scale
         )
+
+
+def _built(mask: torch.Tensor | None) -> torch.Tensor:
+    """The mask of a layout the batch has; masks built from another batch may lack it."""
+    if mask is None:
+        raise ValueError("the attention masks were built for another batch")
+    return mask
 
 
 def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
