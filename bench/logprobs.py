@@ -18,7 +18,13 @@ import httpx2
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from prompts import QUESTIONS  # noqa: E402
-from serve import own_server, run_level, served_model, stream_one  # noqa: E402
+from serve import (  # noqa: E402
+    add_client_arguments,
+    run_bench,
+    run_level,
+    served_model,
+    stream_one,
+)
 
 WITH_LOGPROBS = {"logprobs": True, "top_logprobs": 20}
 
@@ -49,18 +55,8 @@ def bench(url: str, levels: list[int], requests_per_client: int, max_tokens: int
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", default=None, help="a running server (default: start one)")
-    parser.add_argument("--requests-per-client", type=int, default=3)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--clients", default="1,8", help="comma-separated concurrency levels")
-    args = parser.parse_args()
-    levels = [int(part) for part in args.clients.split(",")]
-    if args.url:
-        bench(args.url.rstrip("/"), levels, args.requests_per_client, args.max_tokens)
-        return 0
-    with own_server(max(levels), 2048) as url:
-        bench(url, levels, args.requests_per_client, args.max_tokens)
-    return 0
+    add_client_arguments(parser, requests_per_client=3, clients="1,8")
+    return run_bench(parser, parser.parse_args(), bench, 2048)
 
 
 if __name__ == "__main__":

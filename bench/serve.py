@@ -295,25 +295,43 @@ def bench(url: str, levels: list[int], requests_per_client: int, max_tokens: int
     )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_client_arguments(
+    parser: argparse.ArgumentParser, requests_per_client: int, clients: str
+) -> None:
+    """The client flags every server benchmark takes, with that benchmark's defaults."""
     parser.add_argument("--url", default=None, help="a running server (default: start one)")
-    parser.add_argument("--requests-per-client", type=int, default=4)
+    parser.add_argument("--requests-per-client", type=int, default=requests_per_client)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--clients", default="1,4,16", help="comma-separated concurrency levels")
-    parser.add_argument(
-        "--max-model-len", type=int, default=2048, help="for the server this script starts"
-    )
-    args = parser.parse_args()
+    parser.add_argument("--clients", default=clients, help="comma-separated concurrency levels")
+
+
+def run_bench(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    run: Callable[[str, list[int], int, int], None],
+    max_model_len: int,
+) -> int:
+    """Runs `run(url, levels, requests_per_client, max_tokens)` against `--url`, or against a
+    server this script starts for the largest concurrency level."""
     levels = [int(part) for part in args.clients.split(",")]
     if min(levels) < 1 or args.requests_per_client < 1 or args.max_tokens < 1:
         parser.error("clients, --requests-per-client and --max-tokens must be positive")
     if args.url:
-        bench(args.url.rstrip("/"), levels, args.requests_per_client, args.max_tokens)
+        run(args.url.rstrip("/"), levels, args.requests_per_client, args.max_tokens)
         return 0
-    with own_server(max(levels), args.max_model_len) as url:
-        bench(url, levels, args.requests_per_client, args.max_tokens)
+    with own_server(max(levels), max_model_len) as url:
+        run(url, levels, args.requests_per_client, args.max_tokens)
     return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_client_arguments(parser, requests_per_client=4, clients="1,4,16")
+    parser.add_argument(
+        "--max-model-len", type=int, default=2048, help="for the server this script starts"
+    )
+    args = parser.parse_args()
+    return run_bench(parser, args, bench, args.max_model_len)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adapters.cli import bootstrap  # noqa: E402
 from adapters.gpu.factory import RunnerSettings  # noqa: E402
-from adapters.grammar.lanes import GrammarLanes  # noqa: E402
+from adapters.gpu.grammar.lanes import GrammarLanes  # noqa: E402
 from adapters.grammar.llguidance_compiler import LlguidanceCompiler  # noqa: E402
 from domain.engine.engine import Engine, EngineConfig  # noqa: E402
 from domain.requests.engine_request import EngineRequest  # noqa: E402

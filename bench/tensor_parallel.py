@@ -3,7 +3,7 @@
 Run: `.venv/bin/python bench/tensor_parallel.py [--rounds 3] [--max-tokens 32]`.
 One rank is an in-process engine, measured on every core (the baseline) and on one thread (what
 each rank of two has); two ranks are this process as rank 0
-(`adapters.gpu.parallel.launch.start_world`, as `helios serve -tp 2` starts them) and a spawned
+(`adapters.gpu.distributed.launch.start_world`, as `helios serve -tp 2` starts them) and a spawned
 peer, each with half the cores. Every request is a chat question, greedy, EOS ignored, with
 `logprobs: 5`. Batch 1 runs 4 requests one at a time, batch 8 runs 8 together; the three run
 back to back in a rotating order each round, and each ratio is the median of the rounds' paired
@@ -31,10 +31,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adapters.core.export import resolve_core  # noqa: E402
+from adapters.gpu.distributed.launch import ParallelLaunch, World, start_world  # noqa: E402
+from adapters.gpu.distributed.split import split_model  # noqa: E402
 from adapters.gpu.factory import ExecutorRecipe, RunnerSettings  # noqa: E402
 from adapters.gpu.model.config import ModelConfig  # noqa: E402
-from adapters.gpu.parallel.launch import ParallelLaunch, World, start_world  # noqa: E402
-from adapters.gpu.parallel.split import split_model  # noqa: E402
 from adapters.tokenizer.hf import HfTokenizer  # noqa: E402
 from domain.emission.outputs import ChoiceDelta  # noqa: E402
 from domain.engine.engine import Engine, EngineConfig  # noqa: E402

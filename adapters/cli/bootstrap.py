@@ -7,9 +7,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from adapters.core.export import resolve_core
+from adapters.gpu.distributed.launch import ParallelLaunch, start_world
 from adapters.gpu.factory import ExecutorRecipe, RunnerSettings
 from adapters.gpu.loading.default_model import resolve_model_dir
-from adapters.gpu.parallel.launch import ParallelLaunch, start_world
 from adapters.grammar.llguidance_compiler import LlguidanceCompiler
 from adapters.tokenizer.hf import HfTokenizer
 from domain.engine.engine import Engine, EngineConfig

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from adapters.cli.runner_args import add_model_argument
 from adapters.core.export import export_core
 from adapters.core.manifest import LOGPROB_LEVELS
 from domain.contract.capabilities import scored_capacities
@@ -14,13 +15,7 @@ from domain.logprobs.values import NATURAL_TOP_K
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("export", help="export a model as a core directory")
-    parser.add_argument(
-        "model",
-        nargs="?",
-        default=None,
-        metavar="MODEL",
-        help="model directory, .gguf file or core (default: the embedded SmolLM2-135M)",
-    )
+    add_model_argument(parser, "model")
     parser.add_argument("--output", required=True, help="the core directory to create")
     parser.add_argument(
         "--logprobs",

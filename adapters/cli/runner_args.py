@@ -4,18 +4,26 @@ from __future__ import annotations
 
 import argparse
 
+from adapters.gpu.distributed.launch import ParallelLaunch
 from adapters.gpu.factory import RunnerSettings
-from adapters.gpu.parallel.launch import ParallelLaunch
 from domain.engine.engine import EngineConfig
 from domain.speculation.drafts import SpeculativeConfig, SpeculativeConfigError
 
+MODEL_HELP = "model directory, .gguf file or core (default: the embedded SmolLM2-135M)"
 
-def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model",
-        default=None,
-        help="model directory or .gguf file (default: the embedded SmolLM2-135M)",
-    )
+
+def add_model_argument(parser: argparse.ArgumentParser, dest: str) -> None:
+    """The optional MODEL positional of `serve` and `export` (the same as `--model`)."""
+    parser.add_argument(dest, nargs="?", default=None, metavar="MODEL", help=MODEL_HELP)
+
+
+def add_runner_arguments(
+    parser: argparse.ArgumentParser, model_positional: str | None = None
+) -> None:
+    """The runner flags; `model_positional` names an optional MODEL positional as well."""
+    if model_positional is not None:
+        add_model_argument(parser, model_positional)
+    parser.add_argument("--model", default=None, help=MODEL_HELP)
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument(
         "--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16")

@@ -17,13 +17,6 @@ from domain.parsers.settings import ReasoningStrings, grammar_in_reasoning
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("serve", help="serve the OpenAI-compatible API")
-    parser.add_argument(
-        "model_path",
-        nargs="?",
-        default=None,
-        metavar="MODEL",
-        help="model directory or .gguf file (default: the embedded SmolLM2-135M)",
-    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", default=None)
@@ -41,7 +34,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="gunicorn worker timeout in seconds (model load included)",
     )
     _add_parser_arguments(parser)
-    add_runner_arguments(parser)
+    add_runner_arguments(parser, model_positional="model_path")
     parser.set_defaults(run=run)
 
 

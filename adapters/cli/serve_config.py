@@ -6,8 +6,8 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 
+from adapters.gpu.distributed.launch import ParallelLaunch
 from adapters.gpu.factory import RunnerSettings
-from adapters.gpu.parallel.launch import ParallelLaunch
 from domain.parsers.settings import ParserSettings, ReasoningStrings, grammar_in_reasoning
 from domain.speculation.drafts import SpeculativeConfig
 

@@ -6,9 +6,9 @@ import argparse
 import logging
 import sys
 
-from adapters.gpu.parallel.collectives import ParallelFailure
-from adapters.gpu.parallel.group import Rendezvous
-from adapters.gpu.parallel.launch import run_peer
+from adapters.gpu.distributed.collectives import ParallelFailure
+from adapters.gpu.distributed.group import Rendezvous
+from adapters.gpu.distributed.launch import run_peer
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

@@ -47,8 +47,9 @@ def export_core(
         raise FileExistsError(f"export target {output} exists and is not an empty directory")
     if max_num_seqs < 1:
         raise ValueError(f"max_num_seqs must be positive, got {max_num_seqs}")
-    if model is not None and is_core_dir(Path(model).expanduser()):
-        source = Path(model).expanduser() / MODEL_SUBDIR
+    core_dir = _core_dir(model)
+    if core_dir is not None:
+        source = core_dir / MODEL_SUBDIR
     else:
         source = resolve_model_dir(model, cache_dir=cache_dir, progress=progress)
     config = ModelConfig.from_dir(source)
@@ -114,8 +115,9 @@ def resolve_core(
     it, and a core that declares none is refused. A core that declares scoring serves it at the
     capacities it declares, whatever the limit.
     """
-    if model is not None and is_core_dir(Path(model).expanduser()):
-        core = load_core(Path(model).expanduser())
+    core_dir = _core_dir(model)
+    if core_dir is not None:
+        core = load_core(core_dir)
         if prompt_chunk_limit > 0 and not core.capability.scores_prompts:
             raise ValueError(
                 f"core {model} declares no prompt scoring; export it again with "
@@ -129,6 +131,14 @@ def resolve_core(
         token_capacity=token_capacity,
         prompt_chunk_limit=prompt_chunk_limit,
     )
+
+
+def _core_dir(model: str | None) -> Path | None:
+    """`model` as an exported core's directory; None for a model directory, file or name."""
+    if model is None:
+        return None
+    path = Path(model).expanduser()
+    return path if is_core_dir(path) else None
 
 
 def _link_tree(source: Path, target: Path) -> None:

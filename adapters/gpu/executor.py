@@ -9,21 +9,21 @@ from dataclasses import dataclass
 
 import torch
 
+from adapters.gpu.distributed.collectives import Collectives
+from adapters.gpu.distributed.shards import VocabShard
+from adapters.gpu.grammar.lanes import GrammarLanes, RowMasks
 from adapters.gpu.logprobs.completion_outputs import CompletionOutputs
 from adapters.gpu.model.decoder import DecoderModel
 from adapters.gpu.model.forward_batch import ForwardBatch, SequenceChunk
 from adapters.gpu.model.kv_cache import PagedKVCache
-from adapters.gpu.parallel.collectives import Collectives
-from adapters.gpu.parallel.prompt_scorer import VocabParallelPromptScorer
-from adapters.gpu.parallel.sampling_lanes import ShardRows
-from adapters.gpu.parallel.shards import VocabShard
 from adapters.gpu.sampling.penalty_state import PenaltyState
 from adapters.gpu.sampling.rows import lane_rows, sampling_tensors
 from adapters.gpu.sampling.sampler import Sampler
+from adapters.gpu.sampling.sampler_vp import ShardRows
 from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
 from adapters.gpu.scoring.prompt_scorer import PromptScorer
+from adapters.gpu.scoring.prompt_scorer_vp import VocabParallelPromptScorer
 from adapters.gpu.speculation.draft_runner import DraftRunner
-from adapters.grammar.lanes import GrammarLanes, RowMasks
 from domain.contract.records import CompletionRecord, Finish, Role
 from domain.engine.commit import commit_round, forced_round
 from domain.engine.step import ExecutorGeometry, FrameResult, LaneFailure, SlotWork, StepPlan

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import torch
 
+from adapters.gpu.distributed.collectives import Collectives
+from adapters.gpu.distributed.split import RankSplit, split_model
 from adapters.gpu.executor import TorchExecutor
 from adapters.gpu.loading.weights import load_model
 from adapters.gpu.model.config import ModelConfig
 from adapters.gpu.model.kv_cache import PagedKVCache
-from adapters.gpu.parallel.collectives import Collectives
-from adapters.gpu.parallel.split import RankSplit, split_model
 from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
 from adapters.gpu.speculation.draft_runner import DraftRunner
 from adapters.grammar.llguidance_compiler import LlguidanceCompiler

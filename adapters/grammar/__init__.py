@@ -1,1 +1,1 @@
-"""Grammar engine adapters: llguidance behind ports.grammar, and per-lane token masks."""
+"""Grammar engine adapters: llguidance behind ports.grammar (lane masks live in gpu/grammar)."""

@@ -314,10 +314,10 @@ def test_no_kernel_compiles_after_the_first_call_when_only_the_row_count_changes
 
 import torch.distributed as dist  # noqa: E402
 
+from adapters.gpu.logprobs.custom_op_vp import vocab_parallel_operators  # noqa: E402
 from adapters.gpu.logprobs.normalizer import LSE_TILE  # noqa: E402
-from adapters.gpu.parallel.custom_ops import vocab_parallel_operators  # noqa: E402
-from adapters.gpu.parallel.reference_reducer import EXCHANGE_WORDS  # noqa: E402
-from adapters.gpu.parallel.triton_reducer import TritonVocabParallelLogprobReducer  # noqa: E402
+from adapters.gpu.logprobs.reference_reducer_vp import EXCHANGE_WORDS  # noqa: E402
+from adapters.gpu.logprobs.triton_reducer_vp import TritonVocabParallelLogprobReducer  # noqa: E402
 
 # SmolLM2's vocabulary: 48 tiles, within what one rank's exchange 1 carries (Qwen2's is not).
 SHARDED_VOCAB = 49_152

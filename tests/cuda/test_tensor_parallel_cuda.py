@@ -7,13 +7,13 @@ import torch
 
 triton = pytest.importorskip("triton")
 
+from adapters.gpu.distributed.devices import claim_device  # noqa: E402
+from adapters.gpu.logprobs import triton_launches_vp  # noqa: E402
 from adapters.gpu.logprobs.normalizer import LSE_TILE  # noqa: E402
 from adapters.gpu.logprobs.reducer import ReductionInputs  # noqa: E402
 from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer  # noqa: E402
+from adapters.gpu.logprobs.reference_reducer_vp import EXCHANGE_WORDS  # noqa: E402
 from adapters.gpu.logprobs.triton_reducer import TritonLogprobReducer  # noqa: E402
-from adapters.gpu.parallel import triton_launches  # noqa: E402
-from adapters.gpu.parallel.devices import claim_device  # noqa: E402
-from adapters.gpu.parallel.reference_reducer import EXCHANGE_WORDS  # noqa: E402
 from domain.logprobs.values import NATURAL_TOP_K  # noqa: E402
 
 # tests/conftest.py skips these where there is no CUDA device; one GPU skips them here.
@@ -67,7 +67,7 @@ def test_a_vocab_parallel_launch_on_a_gpu_that_is_not_current_writes_the_current
         tiles = -(-width // LSE_TILE)
         stats = torch.zeros(ROWS, tiles, 2, device=device)
         send = torch.zeros(ROWS, EXCHANGE_WORDS, dtype=torch.int32, device=device)
-        triton_launches.statistics(logits[:, :width], slots, requested, stats, send, width)
+        triton_launches_vp.statistics(logits[:, :width], slots, requested, stats, send, width)
         torch.cuda.synchronize(device)
         return send.cpu()
 

@@ -10,11 +10,11 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from adapters.gpu.distributed.coordinator import CoordinatorExecutor
+from adapters.gpu.distributed.group import RankGroup, Rendezvous, free_port
+from adapters.gpu.distributed.launch import run_peer
 from adapters.gpu.factory import ExecutorRecipe, RunnerSettings
 from adapters.gpu.logprobs.completion_outputs import CompletionOutputs
-from adapters.gpu.parallel.coordinator import CoordinatorExecutor
-from adapters.gpu.parallel.group import RankGroup, Rendezvous, free_port
-from adapters.gpu.parallel.launch import run_peer
 from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
 
 # rank_main(rendezvous, directory, *arguments), a module-level function (spawn pickles it).

@@ -11,10 +11,10 @@ from typing import cast
 import torch
 from safetensors import safe_open
 
+from adapters.gpu.distributed.collectives import Collectives
+from adapters.gpu.distributed.split import RankSplit
 from adapters.gpu.model.config import ModelConfig
 from adapters.gpu.model.decoder import DecoderLayer, DecoderModel
-from adapters.gpu.parallel.collectives import Collectives
-from adapters.gpu.parallel.split import RankSplit
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"

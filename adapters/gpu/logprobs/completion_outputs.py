@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import torch
 
+from adapters.gpu.distributed.collectives import Collectives
+from adapters.gpu.distributed.split import RankSplit
 from adapters.gpu.logprobs.reducer import LogprobReducer, ReductionInputs
 from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer
-from adapters.gpu.parallel.collectives import Collectives
-from adapters.gpu.parallel.reference_reducer import VocabParallelLogprobReducer
-from adapters.gpu.parallel.split import RankSplit
+from adapters.gpu.logprobs.reference_reducer_vp import VocabParallelLogprobReducer
 from domain.contract.records import HEADER_WORDS, CompletionRecord
 from domain.engine.step import ExecutorGeometry, FrameResult, SlotWork
 from domain.logprobs.values import (
@@ -87,22 +87,6 @@ class CompletionOutputs:
             )
             self._reducer = _reducer(backend, geometry.vocab_size, self._top_k, split, collectives)
             self._prepare(self.buffers)
-
-    @property
-    def logprobs(self) -> torch.Tensor | None:
-        return None if self.buffers is None else self.buffers.logprobs
-
-    @property
-    def requested(self) -> torch.Tensor | None:
-        return None if self.buffers is None else self.buffers.requested
-
-    @property
-    def token_ids(self) -> torch.Tensor | None:
-        return None if self.buffers is None else self.buffers.token_ids
-
-    @property
-    def counts(self) -> torch.Tensor | None:
-        return None if self.buffers is None else self.buffers.counts
 
     def _prepare(self, buffers: LogprobBuffers) -> None:
         """Sizes the reducer's workspaces and runs it once on a scratch frame, so any kernel
@@ -229,7 +213,7 @@ def _reducer(
         raise ValueError(f"unknown logprobs backend {backend!r}")
     if split is not None:
         if backend == "triton":
-            from adapters.gpu.parallel.triton_reducer import TritonVocabParallelLogprobReducer
+            from adapters.gpu.logprobs.triton_reducer_vp import TritonVocabParallelLogprobReducer
 
             return TritonVocabParallelLogprobReducer(
                 vocab_size, top_k, split.rank, split.world_size, collectives

@@ -145,21 +145,33 @@ def tile_stats_kernel(
 
 
 @triton.jit
+def tl_row_log_normalizer(
+    pairs, tile_words, tiles, TILES_BLOCK: tl.constexpr, GATHERED: tl.constexpr
+):
+    """The row's FP32 log normalizer from its tiles' (maximum, mass) pairs, in tile order with
+    one rounding per tile, as the reference. Tile t's pair starts at word 2t of `pairs`, or at
+    word tile_words[t] when GATHERED (the ranks' pairs after exchange 1)."""
+    index = tl.arange(0, TILES_BLOCK)
+    at = tl.load(tile_words + index, mask=index < tiles, other=0) if GATHERED else 2 * index
+    peaks = tl.load(pairs + at, mask=index < tiles, other=float("-inf"))
+    shift = tl_finite_or_zero(tl.max(peaks, 0))
+    total = tl.zeros([1], dtype=tl.float32)
+    one = tl.arange(0, 1)
+    for tile in range(tiles):
+        word = tl.load(tile_words + tile + one) if GATHERED else 2 * tile + one
+        peak = tl.load(pairs + word)
+        mass = tl.load(pairs + word + 1)
+        rescaled = mass * tl_fp32_exp(tl_finite_or_zero(peak) - shift)
+        total = total + tl.where(peak == float("-inf"), 0.0, rescaled)
+    return tl.sum(shift + tl_fp32_log(total), 0)
+
+
+@triton.jit
 def _normalize_kernel(slots, requested, stats, lse, tiles, TILES_BLOCK: tl.constexpr):
     row = tl.program_id(0)
     if gate_row(row, slots, requested, slots, False, False):
-        base = stats + row.to(tl.int64) * tiles * 2
-        index = tl.arange(0, TILES_BLOCK)
-        peaks = tl.load(base + 2 * index, mask=index < tiles, other=float("-inf"))
-        shift = tl_finite_or_zero(tl.max(peaks, 0))
-        total = tl.zeros([1], dtype=tl.float32)
-        for tile in range(tiles):  # in tile order, one rounding per tile, as the reference
-            one = tl.arange(0, 1)
-            peak = tl.load(base + 2 * tile + one)
-            mass = tl.load(base + 2 * tile + 1 + one)
-            rescaled = mass * tl_fp32_exp(tl_finite_or_zero(peak) - shift)
-            total = total + tl.where(peak == float("-inf"), 0.0, rescaled)
-        tl.store(lse + row, tl.sum(shift + tl_fp32_log(total), 0))
+        pairs = stats + row.to(tl.int64) * tiles * 2
+        tl.store(lse + row, tl_row_log_normalizer(pairs, stats, tiles, TILES_BLOCK, False))
 
 
 @triton.jit
@@ -172,22 +184,40 @@ def tl_order_keys(values, token_ids):
 
 
 @triton.jit
-def _tile_candidates_kernel(
-    logits, row_stride, slots, requested, counts, lse, keys, vocab, tiles,
+def tile_candidates_kernel(
+    logits, row_stride, slots, requested, counts, lse, keys, start, width, tiles,
     HAS_IDS: tl.constexpr, TILE: tl.constexpr, CANDIDATES: tl.constexpr,
 ):  # fmt: skip
+    # Each tile's best keys over lanes [0, width); keys carry the global ID start + lane.
     row, tile = tl.program_id(0), tl.program_id(1)
     if gate_row(row, slots, requested, counts, HAS_IDS, True):
         lanes = tile * TILE + tl.arange(0, TILE)
-        inside = lanes < vocab
+        inside = lanes < width
         x = tl.load(logits + row.to(tl.int64) * row_stride + lanes, mask=inside, other=0.0)
         values = x.to(tl.float32) - tl.load(lse + row)
-        ranked = tl.where(inside, tl_order_keys(values, lanes), _NO_KEY)
+        ranked = tl.where(inside, tl_order_keys(values, lanes + start), _NO_KEY)
         cell = keys + (row.to(tl.int64) * tiles + tile) * CANDIDATES
         for rank in range(CANDIDATES):  # keys are unique, so equality removes exactly one
             best = tl.max(ranked, 0)
             tl.store(cell + rank, best)
             ranked = tl.where(ranked == best, _NO_KEY, ranked)
+
+
+@triton.jit
+def tl_record(row, slots, positions, out, out_tokens, out_words):
+    """The row's slot and the first word of its packed record out[slot, position]."""
+    slot = tl.load(slots + row).to(tl.int64)
+    position = tl.load(positions + row).to(tl.int64)
+    return slot, out + (slot * out_tokens + position) * out_words
+
+
+@triton.jit
+def tl_selected_count(counts, slot, HAS_IDS: tl.constexpr, SELECTED: tl.constexpr):
+    """How many selected IDs the slot's row reports (0: its natural alternatives)."""
+    count = 0
+    if HAS_IDS:
+        count = tl.minimum(tl.load(counts + slot), SELECTED)
+    return count
 
 
 @triton.jit
@@ -209,18 +239,14 @@ def _merge_kernel(
 ):  # fmt: skip
     row = tl.program_id(0)
     if gate_row(row, slots, requested, counts, HAS_IDS, False):
-        slot = tl.load(slots + row).to(tl.int64)
-        position = tl.load(positions + row).to(tl.int64)
-        target = out + (slot * out_tokens + position) * out_words
+        slot, target = tl_record(row, slots, positions, out, out_tokens, out_words)
         logits_row = logits + row.to(tl.int64) * row_stride
         shift = tl.load(lse + row)
         one = tl.arange(0, 1)
         token = tl.load(chosen + row + one).to(tl.int64)
         tl.store(target + one, token.to(tl.int32))
         tl.store(target + 1 + one, _reported_bits(logits_row, token, one == 0, vocab, shift))
-        count = 0
-        if HAS_IDS:
-            count = tl.minimum(tl.load(counts + slot), SELECTED)
+        count = tl_selected_count(counts, slot, HAS_IDS, SELECTED)
         if count > 0:
             index = tl.arange(0, SELECTED)
             live = index < count
@@ -229,10 +255,11 @@ def _merge_kernel(
             tl.store(target + 2 + 2 * index, ids, mask=live)
             tl.store(target + 3 + 2 * index, bits, mask=live)
         else:
-            index = tl.arange(0, CANDIDATES_BLOCK)
+            # Not `index`: a name bound in both branches keeps one shape (Triton 3.9 insists).
+            candidate = tl.arange(0, CANDIDATES_BLOCK)
             ranked = tl.load(
-                keys + row.to(tl.int64) * tiles * CANDIDATES + index,
-                mask=index < tiles * CANDIDATES,
+                keys + row.to(tl.int64) * tiles * CANDIDATES + candidate,
+                mask=candidate < tiles * CANDIDATES,
                 other=_NO_KEY,
             )
             for rank in range(TOP_K):
@@ -243,6 +270,16 @@ def _merge_kernel(
                 bits = _reported_bits(logits_row, token_id, found, vocab, shift)
                 tl.store(target + 2 + 2 * rank + one, token_id.to(tl.int32))
                 tl.store(target + 3 + 2 * rank + one, tl.where(found, bits, 0))
+
+
+def id_operands(
+    requested: torch.Tensor, counts: torch.Tensor | None, token_ids: torch.Tensor | None
+) -> tuple[bool, torch.Tensor, torch.Tensor]:
+    """(HAS_IDS, counts, token_ids) for a launch: without selected IDs the kernels never read
+    the last two, so `requested` stands in for them (a launch takes no None pointer)."""
+    if counts is None or token_ids is None:
+        return False, requested, requested
+    return True, counts, token_ids
 
 
 class TritonLogprobReducer:
@@ -296,9 +333,7 @@ class TritonLogprobReducer:
         if logits.stride(1) != 1:
             logits = logits.contiguous()
         stats, keys, lse = self._reserved(rows, logits.device)
-        has_ids = counts is not None
-        counts = counts if has_ids else requested  # never read without HAS_IDS
-        token_ids = token_ids if has_ids else requested
+        has_ids, counts, token_ids = id_operands(requested, counts, token_ids)
         common = fusion_options()
         row_stride, vocab, tiles = logits.stride(0), self.vocab_size, self.tiles
         with launch_device(logits):
@@ -310,8 +345,8 @@ class TritonLogprobReducer:
                 slots, requested, stats, lse, tiles,
                 TILES_BLOCK=triton.next_power_of_2(tiles), **common,
             )  # fmt: skip
-            _tile_candidates_kernel[(rows, tiles)](
-                logits, row_stride, slots, requested, counts, lse, keys, vocab, tiles,
+            tile_candidates_kernel[(rows, tiles)](
+                logits, row_stride, slots, requested, counts, lse, keys, 0, vocab, tiles,
                 HAS_IDS=has_ids, TILE=LSE_TILE, CANDIDATES=CANDIDATES_PER_TILE, **common,
             )  # fmt: skip
             _merge_kernel[(rows,)](

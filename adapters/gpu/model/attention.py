@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from adapters.gpu.model.forward_batch import ForwardBatch
+from adapters.gpu.model.forward_batch import DecodeLayout, ForwardBatch, PrefillLayout
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,15 +73,16 @@ def paged_attention(
     num_kv_heads = keys.shape[1]
     groups = num_heads // num_kv_heads
     decode_out = prefill_out = None
+    cache = _PagedCache(key_cache, value_cache, groups, scale)
     if batch.decode is not None:
-        decode_out = _decode(queries, key_cache, value_cache, batch, masks, groups, scale)
+        decode_out = cache.decode(queries, batch.decode, _built(masks.decode))
         if batch.decode.covers_all_rows:
             return decode_out
     if batch.prefill is not None:
         if masks.prefill_is_fresh_causal:
             prefill_out = _fresh_causal(queries, keys, values, batch, scale)
         else:
-            prefill_out = _prefill(queries, key_cache, value_cache, batch, masks, groups, scale)
+            prefill_out = cache.prefill(queries, batch.prefill, _built(masks.prefill))
         if batch.prefill.covers_all_rows:
             return prefill_out
     output = queries.new_empty(num_rows, num_heads * head_dim)
@@ -92,62 +93,61 @@ def paged_attention(
     return output
 
 
-def _decode(
-    queries: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    batch: ForwardBatch,
-    masks: AttentionMasks,
-    groups: int,
-    scale: float,
-) -> torch.Tensor:
-    layout, mask = batch.decode, masks.decode
-    if layout is None or mask is None:
-        raise ValueError("the batch has no decode rows")
-    rows = queries if layout.covers_all_rows else queries.index_select(0, layout.rows)
-    count, num_heads, head_dim = rows.shape
-    # One query per row: its heads of a group become that group's query "sequence".
-    folded = rows.view(count, num_heads // groups, groups, head_dim)
-    cached_keys = _gather(key_cache, layout.kv_slots)  # [B, kv_heads, L, head_dim]
-    cached_values = _gather(value_cache, layout.kv_slots)
-    out = F.scaled_dot_product_attention(
-        folded, cached_keys, cached_values, attn_mask=mask, scale=scale
-    )
-    return out.reshape(count, num_heads * head_dim)
+@dataclass(frozen=True)
+class _PagedCache:
+    """One layer's cached keys and values, attended by the decode rows or the prefill chunks."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    groups: int  # query heads per key/value head
+    scale: float
+
+    def decode(
+        self, queries: torch.Tensor, layout: DecodeLayout, mask: torch.Tensor
+    ) -> torch.Tensor:
+        rows = queries if layout.covers_all_rows else queries.index_select(0, layout.rows)
+        count, num_heads, head_dim = rows.shape
+        # One query per row: its heads of a group become that group's query "sequence".
+        folded = rows.view(count, num_heads // self.groups, self.groups, head_dim)
+        out = self._attend(folded, layout.kv_slots, mask)  # keys [B, kv_heads, L, head_dim]
+        return out.reshape(count, num_heads * head_dim)
+
+    def prefill(
+        self, queries: torch.Tensor, layout: PrefillLayout, mask: torch.Tensor
+    ) -> torch.Tensor:
+        groups = self.groups
+        _, num_heads, head_dim = queries.shape
+        num_kv_heads = num_heads // groups
+        count, width = layout.query_rows.shape
+        padded = queries.index_select(0, layout.query_rows.flatten())  # [P * Q, heads, head_dim]
+        folded = (
+            padded.view(count, width, num_kv_heads, groups, head_dim)
+            .permute(0, 2, 3, 1, 4)
+            .reshape(count, num_kv_heads, groups * width, head_dim)
+        )
+        out = self._attend(folded, layout.kv_slots, mask)  # keys [P, kv_heads, K, head_dim]
+        unfolded = (
+            out.view(count, num_kv_heads, groups, width, head_dim)
+            .permute(0, 3, 1, 2, 4)
+            .reshape(count * width, num_heads * head_dim)
+        )
+        return unfolded.index_select(0, layout.valid)
+
+    def _attend(
+        self, folded: torch.Tensor, kv_slots: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Folded queries [S, kv_heads, q, head_dim] over the cache rows `kv_slots` [S, L]."""
+        keys, values = _gather(self.keys, kv_slots), _gather(self.values, kv_slots)
+        return F.scaled_dot_product_attention(
+            folded, keys, values, attn_mask=mask, scale=self.scale
+        )
 
 
-def _prefill(
-    queries: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    batch: ForwardBatch,
-    masks: AttentionMasks,
-    groups: int,
-    scale: float,
-) -> torch.Tensor:
-    layout, mask = batch.prefill, masks.prefill
-    if layout is None or mask is None:
-        raise ValueError("the batch has no masked prefill chunks")
-    _, num_heads, head_dim = queries.shape
-    num_kv_heads = num_heads // groups
-    count, width = layout.query_rows.shape
-    padded = queries.index_select(0, layout.query_rows.flatten())  # [P * Q, heads, head_dim]
-    folded = (
-        padded.view(count, width, num_kv_heads, groups, head_dim)
-        .permute(0, 2, 3, 1, 4)
-        .reshape(count, num_kv_heads, groups * width, head_dim)
-    )
-    cached_keys = _gather(key_cache, layout.kv_slots)  # [P, kv_heads, K, head_dim]
-    cached_values = _gather(value_cache, layout.kv_slots)
-    out = F.scaled_dot_product_attention(
-        folded, cached_keys, cached_values, attn_mask=mask, scale=scale
-    )
-    unfolded = (
-        out.view(count, num_kv_heads, groups, width, head_dim)
-        .permute(0, 3, 1, 2, 4)
-        .reshape(count * width, num_heads * head_dim)
-    )
-    return unfolded.index_select(0, layout.valid)
+def _built(mask: torch.Tensor | None) -> torch.Tensor:
+    """The mask of a layout the batch has; masks built from another batch may lack it."""
+    if mask is None:
+        raise ValueError("the attention masks were built for another batch")
+    return mask
 
 
 def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

@@ -6,13 +6,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from adapters.gpu.distributed.collectives import Collectives
+from adapters.gpu.distributed.split import RankSplit
 from adapters.gpu.model.attention import AttentionMasks, paged_attention
 from adapters.gpu.model.config import ModelConfig
 from adapters.gpu.model.forward_batch import ForwardBatch
 from adapters.gpu.model.kv_cache import PagedKVCache
 from adapters.gpu.model.rope import RotaryEmbedding, apply_rotary
-from adapters.gpu.parallel.collectives import Collectives
-from adapters.gpu.parallel.split import RankSplit
 
 
 def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

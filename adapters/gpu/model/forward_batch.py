@@ -130,6 +130,7 @@ class ForwardBatch:
         decode_ids = [i for i, length in enumerate(lengths) if length == 1]
         prefill_ids = [i for i, length in enumerate(lengths) if length > 1]
         to_device = _Mover(device)
+        flat = _Flattened(chunks, row_starts, tables, block_size, to_device)
         return cls(
             input_ids=to_device(input_ids),
             positions=to_device(positions),
@@ -139,12 +140,8 @@ class ForwardBatch:
             chunk_lengths=tuple(lengths),
             max_token_id=max(max(chunk.token_ids) for chunk in chunks),
             max_block_id=max((max(c.block_table) for c in chunks if c.block_table), default=-1),
-            decode=_decode_layout(chunks, decode_ids, row_starts, tables, block_size, to_device)
-            if decode_ids
-            else None,
-            prefill=_prefill_layout(chunks, prefill_ids, row_starts, tables, block_size, to_device)
-            if prefill_ids
-            else None,
+            decode=_decode_layout(flat, decode_ids) if decode_ids else None,
+            prefill=_prefill_layout(flat, prefill_ids) if prefill_ids else None,
         )
 
 
@@ -172,23 +169,35 @@ def _slots(tables: torch.Tensor, positions: torch.Tensor, block_size: int) -> to
     return blocks * block_size + positions % block_size
 
 
-def _decode_layout(
-    chunks: Sequence[SequenceChunk],
-    ids: list[int],
-    row_starts: list[int],
-    tables: torch.Tensor,
-    block_size: int,
-    to_device: _Mover,
-) -> DecodeLayout:
+@dataclass(frozen=True)
+class _Flattened:
+    """What both attention layouts read of a flattened batch."""
+
+    chunks: Sequence[SequenceChunk]
+    row_starts: list[int]
+    tables: torch.Tensor  # [C, max_blocks]
+    block_size: int
+    to_device: _Mover
+
+    def keys(
+        self, ids: list[int], key_counts: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Key positions [L], which exist [n, L] for chunks `ids` holding `key_counts` keys,
+        and their cache rows [n, L]."""
+        width = int(key_counts.max())
+        key_positions = torch.arange(width, dtype=torch.int64)
+        exists = key_positions[None, :] < key_counts[:, None]
+        # Missing keys read row 0 of the cache; the mask hides them.
+        positions = key_positions.expand(len(ids), width)
+        kv_slots = torch.where(exists, _slots(self.tables[ids], positions, self.block_size), 0)
+        return key_positions, exists, kv_slots
+
+
+def _decode_layout(flat: _Flattened, ids: list[int]) -> DecodeLayout:
+    chunks, to_device = flat.chunks, flat.to_device
     key_counts = torch.tensor([chunks[i].end_position for i in ids], dtype=torch.int64)
-    width = int(key_counts.max())
-    key_positions = torch.arange(width, dtype=torch.int64)
-    exists = key_positions[None, :] < key_counts[:, None]  # [B, L]
-    # Missing keys read row 0 of the cache; the mask hides them.
-    kv_slots = torch.where(
-        exists, _slots(tables[ids], key_positions.expand(len(ids), width), block_size), 0
-    )
-    rows = torch.tensor([row_starts[i] for i in ids], dtype=torch.int64)
+    _, exists, kv_slots = flat.keys(ids, key_counts)  # [B, L]
+    rows = torch.tensor([flat.row_starts[i] for i in ids], dtype=torch.int64)
     return DecodeLayout(
         rows=to_device(rows),
         kv_slots=to_device(kv_slots),
@@ -198,29 +207,17 @@ def _decode_layout(
     )
 
 
-def _prefill_layout(
-    chunks: Sequence[SequenceChunk],
-    ids: list[int],
-    row_starts: list[int],
-    tables: torch.Tensor,
-    block_size: int,
-    to_device: _Mover,
-) -> PrefillLayout:
+def _prefill_layout(flat: _Flattened, ids: list[int]) -> PrefillLayout:
+    chunks, row_starts, to_device = flat.chunks, flat.row_starts, flat.to_device
     lengths = torch.tensor([len(chunks[i].token_ids) for i in ids], dtype=torch.int64)
     starts = torch.tensor([chunks[i].start_position for i in ids], dtype=torch.int64)
     first_rows = torch.tensor([row_starts[i] for i in ids], dtype=torch.int64)
-    num_queries, num_keys = int(lengths.max()), int((starts + lengths).max())
-    query_index = torch.arange(num_queries, dtype=torch.int64)[None, :]  # [1, Q]
+    query_index = torch.arange(int(lengths.max()), dtype=torch.int64)[None, :]  # [1, Q]
     real = query_index < lengths[:, None]  # [P, Q]
     query_rows = first_rows[:, None] + torch.minimum(query_index, lengths[:, None] - 1)
     query_positions = torch.where(real, starts[:, None] + query_index, 0)
-    key_positions = torch.arange(num_keys, dtype=torch.int64)
+    key_positions, _, kv_slots = flat.keys(ids, starts + lengths)  # [K], [P, K]
     visible = key_positions[None, None, :] <= query_positions[:, :, None]  # [P, Q, K]
-    key_counts = starts + lengths
-    exists = key_positions[None, :] < key_counts[:, None]  # [P, K]
-    kv_slots = torch.where(
-        exists, _slots(tables[ids], key_positions.expand(len(ids), num_keys), block_size), 0
-    )
     valid = torch.nonzero(real.flatten(), as_tuple=True)[0]
     valid_rows = query_rows.flatten()[valid]
     lone = chunks[ids[0]]

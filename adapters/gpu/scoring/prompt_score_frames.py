@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import torch
 
-from adapters.gpu.parallel.prompt_scorer import VocabParallelPromptScorer
 from adapters.gpu.scoring.prompt_scorer import PROJECTION_ROWS, PromptScorer
+from adapters.gpu.scoring.prompt_scorer_vp import VocabParallelPromptScorer
 from domain.logprobs.prompt_scores import (
     INVALID_BITS,
     PROMPT_ROW_WORDS,

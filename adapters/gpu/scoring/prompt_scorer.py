@@ -16,18 +16,17 @@ from domain.logprobs.values import NATURAL_TOP_K, NO_TOKEN
 PROJECTION_ROWS = 64
 
 
-class PromptScorer:
-    """Writes packed prompt-logprob rows with the same normalization as generation logprobs.
+class BlockScorer:
+    """Scores prompt rows against their next prompt token, PROJECTION_ROWS hidden rows at a time.
 
-    At most PROJECTION_ROWS hidden rows are projected at once, and their real-vocabulary logits
-    land in one pooled [PROJECTION_ROWS, vocab_size] block that every row block reuses, so no
-    more than one block of logits ever exists beyond what `project` itself returns.
+    Each block's logits land in one pooled [PROJECTION_ROWS, width] FP32 block that every row
+    block reuses, so no more than one block of logits ever exists beyond what `project` itself
+    returns. Subclasses turn a block into packed rows (`_block_of`, `_rows`).
     """
 
-    def __init__(self, vocab_size: int) -> None:
-        if vocab_size < 1:
-            raise ValueError(f"vocab_size must be positive, got {vocab_size}")
-        self.vocab_size = vocab_size
+    def __init__(self, width: int, lanes: str) -> None:
+        self._width = width
+        self._lane_name = lanes  # what `project`'s lanes are, named in its errors
         self._block: torch.Tensor | None = None
 
     def score(
@@ -39,17 +38,19 @@ class PromptScorer:
     ) -> None:
         """Fills out[:C] from final-normed `hidden` [C, H] and int32 `targets` [C].
 
-        `project` maps hidden rows to float32 logits [rows, >= vocab_size]; lanes past the
-        real vocabulary are ignored. Each row gets its target's ID, FP32 logprob bits and rank,
-        then the twenty best (ID, bits) pairs by the generation ordering. A row whose target is
-        outside the real vocabulary (-1 at the prompt end) gets ID -1, NaN bits, rank 0 and
-        alternative IDs -1. Rows of `out` past C keep their contents.
+        `project` maps hidden rows to float32 logits [rows, >= width]; lanes past the width
+        are ignored. Each row gets its target's ID, FP32 logprob bits and rank, then the twenty
+        best (ID, bits) pairs by the generation ordering. A row whose target is outside the
+        real vocabulary (-1 at the prompt end) gets ID -1, NaN bits, rank 0 and alternative
+        IDs -1. Rows of `out` past C keep their contents.
         """
         check_score_inputs(hidden, targets, out)
+        self._begin(hidden.shape[0])
         for start in range(0, hidden.shape[0], PROJECTION_ROWS):
             stop = min(start + PROJECTION_ROWS, hidden.shape[0])
-            values = self._reported_values(project(hidden[start:stop]), stop - start)
-            out[start:stop].copy_(self._rows(values, targets[start:stop].to(torch.int64)))
+            logits = self._checked(project(hidden[start:stop]), stop - start)
+            block = self._block_of(logits, self._pooled(logits.device)[: stop - start])
+            out[start:stop].copy_(self._rows(block, targets[start:stop].to(torch.int64)))
 
     def reserve(self, device: torch.device) -> None:
         """Allocates the pooled logit block now, at start-up, rather than on the first score."""
@@ -58,22 +59,52 @@ class PromptScorer:
     def _pooled(self, device: torch.device) -> torch.Tensor:
         if self._block is None or self._block.device != device:
             self._block = torch.empty(
-                PROJECTION_ROWS, self.vocab_size, dtype=torch.float32, device=device
+                PROJECTION_ROWS, self._width, dtype=torch.float32, device=device
             )
         return self._block
 
-    def _reported_values(self, logits: torch.Tensor, rows: int) -> torch.Tensor:
-        """FP32 logit - lse over the real vocabulary, in the pooled block's first `rows` rows."""
+    def _checked(self, logits: torch.Tensor, rows: int) -> torch.Tensor:
+        """`project`'s first `width` lanes, after checking its float32 [rows, >= width] form."""
         if logits.dtype != torch.float32 or logits.dim() != 2:
-            raise TypeError(f"project must return float32 [rows, V], got {logits.dtype}")
-        if logits.shape[0] != rows or logits.shape[1] < self.vocab_size:
-            raise ValueError(
-                f"project returned {tuple(logits.shape)}, expected [{rows}, >= {self.vocab_size}]"
+            raise TypeError(
+                f"project must return float32 [rows, {self._lane_name}], got {logits.dtype}"
             )
-        raw = logits[:, : self.vocab_size]
-        normalizer = combine_tiles(*tile_statistics(raw))
-        # One pass writes the reported values into the pooled block.
-        return torch.sub(raw, normalizer[:, None], out=self._pooled(logits.device)[:rows])
+        if logits.shape[0] != rows or logits.shape[1] < self._width:
+            raise ValueError(
+                f"{self._who()}project returned {tuple(logits.shape)}, "
+                f"expected [{rows}, >= {self._width}]"
+            )
+        return logits[:, : self._width]
+
+    def _who(self) -> str:
+        """Whose `project` failed, leading its shape error ("rank 1 " under tensor parallelism)."""
+        return ""
+
+    def _begin(self, rows: int) -> None:
+        """Called once per `score` with its row count, before any block."""
+
+    def _block_of(self, logits: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        """What `_rows` reads of one block's checked logits, written into `pooled`."""
+        raise NotImplementedError
+
+    def _rows(self, block: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The packed int32 rows [rows, PROMPT_ROW_WORDS] of one block."""
+        raise NotImplementedError
+
+
+class PromptScorer(BlockScorer):
+    """Writes packed prompt-logprob rows with the same normalization as generation logprobs."""
+
+    def __init__(self, vocab_size: int) -> None:
+        if vocab_size < 1:
+            raise ValueError(f"vocab_size must be positive, got {vocab_size}")
+        super().__init__(vocab_size, "V")
+        self.vocab_size = vocab_size
+
+    def _block_of(self, logits: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        """FP32 logit - lse over the real vocabulary, written into `pooled` in one pass."""
+        normalizer = combine_tiles(*tile_statistics(logits))
+        return torch.sub(logits, normalizer[:, None], out=pooled)
 
     def _rows(self, values: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The packed int32 rows [rows, PROMPT_ROW_WORDS] of one block's reported values."""

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
+from adapters.gpu.distributed.collectives import Collectives
 from adapters.gpu.model.decoder import DecoderModel
 from adapters.gpu.model.forward_batch import ForwardBatch, SequenceChunk
 from adapters.gpu.model.kv_cache import PagedKVCache
-from adapters.gpu.parallel.collectives import Collectives
 from adapters.gpu.sampling.rows import SampledRow, sampling_tensors
 from adapters.gpu.sampling.sampler import Sampler
 from domain.engine.step import SlotWork

@@ -138,7 +138,7 @@ def test_a_step_that_samples_nothing_uploads_no_logprob_flags(tiny_model_dir):
     engine, tokenizer, _ = build_engine(tiny_model_dir)
     executor = engine._executor
     outputs = executor._outputs
-    outputs.requested.fill_(7)  # a sentinel the upload would overwrite
+    outputs.buffers.requested.fill_(7)  # a sentinel the upload would overwrite
     prompt = tuple(tokenizer.encode(PROMPTS[1]))
     prefill_only = SlotWork(
         slot=0,
@@ -155,5 +155,5 @@ def test_a_step_that_samples_nothing_uploads_no_logprob_flags(tiny_model_dir):
 
     result = executor.read(executor.submit(StepPlan((prefill_only,))))
 
-    assert outputs.requested.tolist() == [7] * len(outputs.requested)
+    assert outputs.buffers.requested.tolist() == [7] * len(outputs.buffers.requested)
     assert result.logprobs == () and not result.records[0].emits

@@ -53,7 +53,7 @@ def lane(slot: int, logprobs: LogprobOptions | None) -> SlotWork:
 def test_a_core_without_logprob_buffers_allocates_none_and_never_requests(backend):
     outputs = CompletionOutputs(geometry(top_k=0, selects=False), torch.device("cpu"), backend)
 
-    assert outputs.logprobs is None and outputs.requested is None
+    assert outputs.buffers is None
     assert outputs.upload(0, [lane(0, LogprobOptions(top_k=2))]) is False
 
 
@@ -69,9 +69,9 @@ def test_upload_writes_full_flag_and_count_vectors_and_the_selecting_slots_id_pr
         ],
     )
 
-    assert outputs.requested.tolist() == [0, 1, 0, 0, 0, 1, 0, 0]
-    assert outputs.counts.tolist() == [0, 0, 0, 0, 0, 3, 0, 0]
-    assert outputs.token_ids[5, :3].tolist() == [7, 4, 9]
+    assert outputs.buffers.requested.tolist() == [0, 1, 0, 0, 0, 1, 0, 0]
+    assert outputs.buffers.counts.tolist() == [0, 0, 0, 0, 0, 3, 0, 0]
+    assert outputs.buffers.token_ids[5, :3].tolist() == [7, 4, 9]
 
 
 def test_the_next_submission_clears_flags_and_counts_of_lanes_it_does_not_request(backend):
@@ -80,13 +80,13 @@ def test_the_next_submission_clears_flags_and_counts_of_lanes_it_does_not_reques
 
     outputs.upload(1, [lane(5, None), lane(6, LogprobOptions(top_k=1))])
 
-    assert outputs.requested.tolist() == [0, 0, 0, 0, 0, 0, 1, 0]
-    assert outputs.counts.tolist() == [0] * 8
+    assert outputs.buffers.requested.tolist() == [0, 0, 0, 0, 0, 0, 1, 0]
+    assert outputs.buffers.counts.tolist() == [0] * 8
 
 
 def test_read_decodes_only_requesting_lanes_and_never_stale_payload(backend):
     outputs = CompletionOutputs(geometry(), torch.device("cpu"), backend)
-    outputs.logprobs.fill_(123)  # stale words a reader must never decode
+    outputs.buffers.logprobs.fill_(123)  # stale words a reader must never decode
     works = [
         lane(0, LogprobOptions(top_k=2)),
         lane(1, None),

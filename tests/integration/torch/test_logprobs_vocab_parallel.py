@@ -9,15 +9,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from adapters.gpu.distributed.shards import shard_range
 from adapters.gpu.logprobs.normalizer import LSE_TILE
 from adapters.gpu.logprobs.reducer import ReductionInputs
 from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer
-from adapters.gpu.parallel.reference_reducer import (
+from adapters.gpu.logprobs.reference_reducer_vp import (
     EXCHANGE_WORDS,
     MAX_SHARD_TILES,
     VocabParallelLogprobReducer,
 )
-from adapters.gpu.parallel.shards import shard_range
 from domain.logprobs.values import (
     FULL_POSITION_WORDS,
     MAX_SELECTED_IDS,

@@ -13,14 +13,14 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton")
 
+from adapters.gpu.distributed.shards import shard_range  # noqa: E402
 from adapters.gpu.logprobs.keys import CANDIDATES_PER_TILE  # noqa: E402
 from adapters.gpu.logprobs.normalizer import LSE_TILE  # noqa: E402
 from adapters.gpu.logprobs.reducer import ReductionInputs  # noqa: E402
-from adapters.gpu.parallel.reference_reducer import (  # noqa: E402
+from adapters.gpu.logprobs.reference_reducer_vp import (  # noqa: E402
     EXCHANGE_WORDS,
     VocabParallelLogprobReducer,
 )
-from adapters.gpu.parallel.shards import shard_range  # noqa: E402
 from domain.logprobs.values import NATURAL_TOP_K  # noqa: E402
 from tests.integration.torch.test_logprobs_vocab_parallel import (  # noqa: E402
     Scenario,
@@ -83,7 +83,7 @@ def _worker(rank: int, world: int, directory: str) -> None:
     # Gloo ranks hold CPU tensors, so the kernels run in Triton's interpreter even beside a GPU;
     # it must be chosen before triton is imported.
     os.environ["TRITON_INTERPRET"] = "1"
-    from adapters.gpu.parallel.triton_reducer import TritonVocabParallelLogprobReducer
+    from adapters.gpu.logprobs.triton_reducer_vp import TritonVocabParallelLogprobReducer
 
     with gloo_rank(rank, world, directory, timeout_s=60) as results:
         results["registered_after_import"] = [_helios_has(name) for name in OPERATOR_NAMES]
@@ -146,7 +146,7 @@ def _cloned(arguments: tuple) -> tuple:
 
 @pytest.fixture(scope="module")
 def operators():
-    from adapters.gpu.parallel.custom_ops import vocab_parallel_operators
+    from adapters.gpu.logprobs.custom_op_vp import vocab_parallel_operators
 
     return vocab_parallel_operators()
 

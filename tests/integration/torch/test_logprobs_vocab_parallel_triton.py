@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from adapters.gpu.logprobs.normalizer import LSE_TILE
 from adapters.gpu.logprobs.reducer import ReductionInputs
-from adapters.gpu.parallel.reference_reducer import EXCHANGE_WORDS, VocabParallelLogprobReducer
+from adapters.gpu.logprobs.reference_reducer_vp import EXCHANGE_WORDS, VocabParallelLogprobReducer
 from tests.integration.torch.test_logprobs_vocab_parallel import (
     SCENARIOS,
     SENTINEL,
@@ -101,7 +101,7 @@ def _worker(rank: int, world: int, directory: str) -> None:
     # Gloo ranks hold CPU tensors, so the kernels run in Triton's interpreter even beside a GPU;
     # it must be chosen before triton is imported.
     os.environ["TRITON_INTERPRET"] = "1"
-    from adapters.gpu.parallel.triton_reducer import TritonVocabParallelLogprobReducer
+    from adapters.gpu.logprobs.triton_reducer_vp import TritonVocabParallelLogprobReducer
 
     reducers = {"torch": VocabParallelLogprobReducer, "triton": TritonVocabParallelLogprobReducer}
 

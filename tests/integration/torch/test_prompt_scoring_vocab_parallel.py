@@ -10,20 +10,20 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from adapters.gpu.distributed.shards import shard_range
 from adapters.gpu.logprobs.normalizer import (
     LSE_TILE,
     combine_tiles,
     group_tiles,
     tile_statistics,
 )
-from adapters.gpu.parallel.prompt_scorer import (
+from adapters.gpu.scoring.prompt_scorer import PROJECTION_ROWS, PromptScorer
+from adapters.gpu.scoring.prompt_scorer_vp import (
     EXCHANGE_WORDS,
     EXCHANGED_PAIRS,
     VocabParallelPromptScorer,
     run_tiles,
 )
-from adapters.gpu.parallel.shards import shard_range
-from adapters.gpu.scoring.prompt_scorer import PROJECTION_ROWS, PromptScorer
 from domain.logprobs.prompt_scores import INVALID_BITS, PROMPT_ROW_WORDS
 from domain.logprobs.values import NATURAL_TOP_K, NO_TOKEN
 from tests.support.gloo import gloo_rank, record_each, refusal, spawn_worlds

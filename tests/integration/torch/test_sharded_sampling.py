@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from adapters.gpu.parallel.collectives import Collectives
-from adapters.gpu.parallel.sampling_lanes import CUTOFF_CANDIDATES, ShardRows
-from adapters.gpu.parallel.shards import VocabShard, shard_range
+from adapters.gpu.distributed.collectives import Collectives
+from adapters.gpu.distributed.shards import VocabShard, shard_range
 from adapters.gpu.sampling.sampler import Sampler
+from adapters.gpu.sampling.sampler_vp import CUTOFF_CANDIDATES, ShardRows
 from tests.integration.torch.test_sampler import build
 from tests.support.gloo import gloo_rank, record_each, spawn_worlds
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from adapters.gpu.parallel.devices import claim_device, rank_device
-from adapters.gpu.parallel.group import Rendezvous, free_port
-from adapters.gpu.parallel.launch import run_peer
+from adapters.gpu.distributed.devices import claim_device, rank_device
+from adapters.gpu.distributed.group import Rendezvous, free_port
+from adapters.gpu.distributed.launch import run_peer
 
 
 class Selected(Exception):

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import torch
 
+from adapters.gpu.distributed.group import Rendezvous
+from adapters.gpu.distributed.shards import shard_range
 from adapters.gpu.factory import ExecutorRecipe
-from adapters.gpu.parallel.group import Rendezvous
-from adapters.gpu.parallel.reference_reducer import EXCHANGE_WORDS as LOGPROB_WORDS
-from adapters.gpu.parallel.shards import shard_range
+from adapters.gpu.logprobs.reference_reducer_vp import EXCHANGE_WORDS as LOGPROB_WORDS
 from adapters.grammar.llguidance_compiler import LlguidanceCompiler
 from adapters.tokenizer.hf import HfTokenizer
 from domain.contract.capabilities import LogprobCapability, scored_capacities

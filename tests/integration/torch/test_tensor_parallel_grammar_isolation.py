@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from adapters.gpu.distributed.group import Rendezvous
 from adapters.gpu.factory import ExecutorRecipe
-from adapters.gpu.parallel.group import Rendezvous
 from adapters.grammar.llguidance_compiler import LlguidanceCompiler
 from adapters.tokenizer.hf import HfTokenizer
 from domain.emission.outputs import ChoiceDelta

@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 import torch
 
+from adapters.gpu.distributed.collectives import Collectives
+from adapters.gpu.distributed.group import Rendezvous
+from adapters.gpu.distributed.split import SplitError, split_model
 from adapters.gpu.loading.weights import load_model
 from adapters.gpu.model.config import ModelConfig
-from adapters.gpu.parallel.collectives import Collectives
-from adapters.gpu.parallel.group import Rendezvous
-from adapters.gpu.parallel.split import SplitError, split_model
 from adapters.gpu.sampling.philox import philox_uniform
 from tests.support.tiny_models import build_tiny_llama
 

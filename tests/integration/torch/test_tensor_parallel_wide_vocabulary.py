@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from adapters.gpu.distributed.group import Rendezvous
+from adapters.gpu.distributed.shards import shard_range
 from adapters.gpu.factory import ExecutorRecipe
-from adapters.gpu.parallel.group import Rendezvous
-from adapters.gpu.parallel.prompt_scorer import EXCHANGED_PAIRS
-from adapters.gpu.parallel.shards import shard_range
+from adapters.gpu.scoring.prompt_scorer_vp import EXCHANGED_PAIRS
 from adapters.tokenizer.hf import HfTokenizer
 from domain.contract.capabilities import LogprobCapability, scored_capacities
 from domain.emission.outputs import ChoiceDelta, PromptScores

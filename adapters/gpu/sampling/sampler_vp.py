@@ -7,8 +7,8 @@ import math
 import torch
 from torch import Tensor
 
-from adapters.gpu.parallel.collectives import Collectives
-from adapters.gpu.parallel.shards import VocabShard
+from adapters.gpu.distributed.collectives import Collectives
+from adapters.gpu.distributed.shards import VocabShard
 from adapters.gpu.sampling.sampler import SamplingTensors, top_k_top_p_cutoff
 
 # The top-k/top-p exchange: each rank's best CUTOFF_CANDIDATES values of a row, sorted, then the

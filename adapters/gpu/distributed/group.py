@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from adapters.gpu.parallel.collectives import Collectives, ParallelFailure
+from adapters.gpu.distributed.collectives import Collectives, ParallelFailure
 
 # A peer waits for the next plan for as long as the server idles, so the control group, which
 # carries only plans, never times out while a peer waits for one; rank 0's sends and the

@@ -8,18 +8,19 @@ import triton.language as tl
 
 from adapters.gpu.logprobs.keys import CANDIDATES_PER_TILE, LOW_WORD, NAN_BITS, NO_KEY
 from adapters.gpu.logprobs.normalizer import LSE_TILE
+from adapters.gpu.logprobs.reference_reducer_vp import CHOSEN_WORD, EXCHANGE_WORDS, VALUE_WORDS
 from adapters.gpu.logprobs.triton_reducer import (
     TILE_TREE_LEVELS,
     fusion_options,
     gate_row,
+    id_operands,
     launch_device,
+    tile_candidates_kernel,
     tile_stats_kernel,
-    tl_finite_or_zero,
-    tl_fp32_exp,
-    tl_fp32_log,
-    tl_order_keys,
+    tl_record,
+    tl_row_log_normalizer,
+    tl_selected_count,
 )
-from adapters.gpu.parallel.reference_reducer import CHOSEN_WORD, EXCHANGE_WORDS, VALUE_WORDS
 from domain.logprobs.values import MAX_SELECTED_IDS
 
 # Kernels may only read module globals that are constexpr: these wrap the shared numbers.
@@ -49,40 +50,8 @@ def _combine_kernel(
     # single-rank normalization over the same tiles in the same order.
     row = tl.program_id(0)
     if gate_row(row, slots, requested, slots, False, False):
-        base = gathered + row.to(tl.int64) * WORDS
-        index = tl.arange(0, TILES_BLOCK)
-        at = tl.load(tile_words + index, mask=index < tiles, other=0)
-        peaks = tl.load(base + at, mask=index < tiles, other=float("-inf"))
-        shift = tl_finite_or_zero(tl.max(peaks, 0))
-        total = tl.zeros([1], dtype=tl.float32)
-        one = tl.arange(0, 1)
-        for tile in range(tiles):  # in global tile order, one rounding per tile
-            word = tl.load(tile_words + tile + one)
-            peak = tl.load(base + word)
-            mass = tl.load(base + word + 1)
-            rescaled = mass * tl_fp32_exp(tl_finite_or_zero(peak) - shift)
-            total = total + tl.where(peak == float("-inf"), 0.0, rescaled)
-        tl.store(lse + row, tl.sum(shift + tl_fp32_log(total), 0))
-
-
-@triton.jit
-def _shard_candidates_kernel(
-    logits, row_stride, slots, requested, counts, lse, keys, start, width, tiles,
-    HAS_IDS: tl.constexpr, TILE: tl.constexpr, CANDIDATES: tl.constexpr,
-):  # fmt: skip
-    # The single-rank tile candidates, except that the keys carry global token IDs.
-    row, tile = tl.program_id(0), tl.program_id(1)
-    if gate_row(row, slots, requested, counts, HAS_IDS, True):
-        lanes = tile * TILE + tl.arange(0, TILE)
-        inside = lanes < width
-        x = tl.load(logits + row.to(tl.int64) * row_stride + lanes, mask=inside, other=0.0)
-        values = x.to(tl.float32) - tl.load(lse + row)
-        ranked = tl.where(inside, tl_order_keys(values, lanes + start), _NO_KEY)
-        cell = keys + (row.to(tl.int64) * tiles + tile) * CANDIDATES
-        for rank in range(CANDIDATES):  # keys are unique, so equality removes exactly one
-            best = tl.max(ranked, 0)
-            tl.store(cell + rank, best)
-            ranked = tl.where(ranked == best, _NO_KEY, ranked)
+        pairs = gathered + row.to(tl.int64) * WORDS
+        tl.store(lse + row, tl_row_log_normalizer(pairs, tile_words, tiles, TILES_BLOCK, True))
 
 
 @triton.jit
@@ -113,9 +82,7 @@ def _pack_candidates_kernel(
         one = tl.arange(0, 1)
         token = tl.load(chosen + row + one).to(tl.int64)
         tl.store(words + CHOSEN_WORD + one, _owned_bits(logits_row, token, one == 0, start, width))
-        count = 0
-        if HAS_IDS:
-            count = tl.minimum(tl.load(counts + slot), SELECTED)
+        count = tl_selected_count(counts, slot, HAS_IDS, SELECTED)
         if count > 0:
             picked = tl.arange(0, SELECTED)
             live = picked < count
@@ -170,9 +137,7 @@ def _final_merge_kernel(
 ):  # fmt: skip
     row = tl.program_id(0)
     if gate_row(row, slots, requested, counts, HAS_IDS, False):
-        slot = tl.load(slots + row).to(tl.int64)
-        position = tl.load(positions + row).to(tl.int64)
-        target = out + (slot * out_tokens + position) * out_words
+        slot, target = tl_record(row, slots, positions, out, out_tokens, out_words)
         row_words = gathered + row.to(tl.int64) * WORDS
         shift = tl.load(lse + row)
         one = tl.arange(0, 1)
@@ -183,9 +148,7 @@ def _final_merge_kernel(
         )  # fmt: skip
         tl.store(target + one, token.to(tl.int32))
         tl.store(target + 1 + one, chosen_bits)
-        count = 0
-        if HAS_IDS:
-            count = tl.minimum(tl.load(counts + slot), SELECTED)
+        count = tl_selected_count(counts, slot, HAS_IDS, SELECTED)
         if count > 0:
             index = tl.arange(0, SELECTED)
             live = index < count
@@ -266,9 +229,7 @@ def candidates(
     [world, reserved rows, 256], the shard's tile candidates into `keys` and exchange 2's words
     into `send`."""
     rows, stats_tiles = logits.shape[0], keys.shape[1]
-    has_ids = counts is not None
-    counts = counts if has_ids else requested  # never read without HAS_IDS
-    token_ids = token_ids if has_ids else requested
+    has_ids, counts, token_ids = id_operands(requested, counts, token_ids)
     common, row_stride = fusion_options(), logits.stride(0)
     total_tiles = tile_words.shape[0]
     with launch_device(logits):
@@ -276,7 +237,7 @@ def candidates(
             slots, requested, received.view(torch.float32), tile_words, lse, total_tiles,
             TILES_BLOCK=triton.next_power_of_2(total_tiles), WORDS=EXCHANGE_WORDS, **common,
         )  # fmt: skip
-        _shard_candidates_kernel[(rows, stats_tiles)](
+        tile_candidates_kernel[(rows, stats_tiles)](
             logits, row_stride, slots, requested, counts, lse, keys, start, width, stats_tiles,
             HAS_IDS=has_ids, TILE=LSE_TILE, CANDIDATES=CANDIDATES_PER_TILE, **common,
         )  # fmt: skip
@@ -311,9 +272,7 @@ def merge(
     rank's range.
     """
     world, rows = received.shape[0], received.shape[1]
-    has_ids = counts is not None
-    counts = counts if has_ids else requested  # never read without HAS_IDS
-    token_ids = token_ids if has_ids else requested
+    has_ids, counts, token_ids = id_operands(requested, counts, token_ids)
     with launch_device(received):
         _final_merge_kernel[(rows,)](
             received, received.view(torch.int64), received.stride(0), stops, world, slots,

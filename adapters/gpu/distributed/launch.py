@@ -13,16 +13,16 @@ from pathlib import Path
 import torch
 
 import adapters
-from adapters.gpu.factory import ExecutorRecipe
-from adapters.gpu.parallel.collectives import ExchangeTally
-from adapters.gpu.parallel.coordinator import CoordinatorExecutor
-from adapters.gpu.parallel.devices import CudaRuntime, claim_device
-from adapters.gpu.parallel.group import (
+from adapters.gpu.distributed.collectives import ExchangeTally
+from adapters.gpu.distributed.coordinator import CoordinatorExecutor
+from adapters.gpu.distributed.devices import CudaRuntime, claim_device
+from adapters.gpu.distributed.group import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,
     RankGroup,
     Rendezvous,
     free_port,
 )
+from adapters.gpu.factory import ExecutorRecipe
 from adapters.grammar.llguidance_compiler import LlguidanceCompiler
 
 _log = logging.getLogger(__name__)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from adapters.gpu.distributed.shards import shard_range
 from adapters.gpu.model.config import ModelConfig
-from adapters.gpu.parallel.shards import shard_range
 
 
 class SplitError(ValueError):

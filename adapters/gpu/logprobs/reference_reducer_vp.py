@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from adapters.gpu.distributed.collectives import Collectives
+from adapters.gpu.distributed.shards import VocabShard
 from adapters.gpu.logprobs.keys import CANDIDATES_PER_TILE, NO_KEY, key_token_ids, order_keys
 from adapters.gpu.logprobs.normalizer import combine_tiles, tile_statistics
 from adapters.gpu.logprobs.reducer import ReductionInputs, check_inputs, check_sizes
 from adapters.gpu.logprobs.reference_reducer import write_positions
-from adapters.gpu.parallel.collectives import Collectives
-from adapters.gpu.parallel.shards import VocabShard
 from domain.logprobs.values import MAX_SELECTED_IDS, NO_TOKEN
 
 EXCHANGE_WORDS = 256
@@ -26,17 +28,19 @@ SELECTED_WORDS = slice(0, MAX_SELECTED_IDS)
 CHOSEN_WORD = MAX_SELECTED_IDS
 
 
-class VocabParallelLogprobReducer:
-    """The reference reduction for logits split by vocabulary across the ranks of `collectives`.
+@dataclass(frozen=True)
+class _Selection:
+    """Which requesting rows select IDs; their [rows, 128] IDs and which of those lie in the
+    slot's uploaded prefix, both None when no row can select."""
 
-    Each rank passes its own shard and the same replicated row inputs (slots, positions, chosen,
-    flags, counts, IDs). The stages mirror the prepared kernels: per-tile maxima and masses,
-    exchange 1, the global normalization, shard candidates and owned raw logits, exchange 2, and
-    a final merge that writes the packed output of `ReferenceLogprobReducer`, bit for bit, on
-    every rank. Shards hold at most MAX_SHARD_TILES tiles, checked on construction. Each
-    exchange is one all-gather of EXCHANGE_WORDS FP32 words per requesting position per rank;
-    logits never travel.
-    """
+    selects: torch.Tensor
+    ids: torch.Tensor | None = None
+    in_prefix: torch.Tensor | None = None
+
+
+class ShardedReducer:
+    """What both vocabulary-parallel reducers hold: checked sizes, this rank's shard of whole
+    tiles (at most MAX_SHARD_TILES, checked here) and the collectives that join the ranks."""
 
     def __init__(
         self,
@@ -50,7 +54,23 @@ class VocabParallelLogprobReducer:
         self.shard = VocabShard.of(vocab_size, rank, world_size, MAX_SHARD_TILES, "exchange 1")
         self.top_k = top_k
         self.collectives = collectives or Collectives()
-        self._stops = torch.tensor(self.shard.stops, dtype=torch.int64)
+
+    def _check(self, inputs: ReductionInputs) -> None:
+        """Raises unless `inputs` fit this rank: logits at least as wide as its shard."""
+        check_inputs(inputs, self.shard.width, self.top_k, rows=f"rank {self.shard.rank} logits")
+
+
+class VocabParallelLogprobReducer(ShardedReducer):
+    """The reference reduction for logits split by vocabulary across the ranks of `collectives`.
+
+    Each rank passes its own shard and the same replicated row inputs (slots, positions, chosen,
+    flags, counts, IDs). The stages mirror the prepared kernels: per-tile maxima and masses,
+    exchange 1, the global normalization, shard candidates and owned raw logits, exchange 2, and
+    a final merge that writes the packed output of `ReferenceLogprobReducer`, bit for bit, on
+    every rank. Shards hold at most MAX_SHARD_TILES tiles, checked on construction. Each
+    exchange is one all-gather of EXCHANGE_WORDS FP32 words per requesting position per rank;
+    logits never travel.
+    """
 
     def reserve(self, capacity: int, device: torch.device | str) -> None:
         """Nothing to size: every call allocates what its requesting rows need."""
@@ -63,7 +83,7 @@ class VocabParallelLogprobReducer:
         requesting rows: with none, every rank returns before either exchange.
         """
         shard = self.shard
-        check_inputs(inputs, shard.width, self.top_k, rows=f"rank {shard.rank} logits")
+        self._check(inputs)
         logits_shard, slots, positions, chosen, requested, counts, token_ids, out = inputs
         wanted = requested.index_select(0, slots) != 0
         rows = torch.nonzero(wanted).squeeze(1)
@@ -75,11 +95,9 @@ class VocabParallelLogprobReducer:
         raw = logits_shard[:, : shard.width].index_select(0, rows).to(torch.float32)
 
         lse = self._normalizer(self._exchange(self._shard_statistics(raw)))
-        selects, selected_ids, in_prefix = self._selection(slots, counts, token_ids, rows.numel())
-        gathered = self._exchange(
-            self._candidates(raw, lse, chosen, selects, selected_ids, in_prefix)
-        )
-        self._merge(gathered, lse, slots, positions, chosen, selects, selected_ids, in_prefix, out)
+        selection = self._selection(slots, counts, token_ids, rows.numel())
+        gathered = self._exchange(self._candidates(raw, lse, chosen, selection))
+        self._merge(gathered, lse, slots, positions, chosen, selection, out)
 
     def _exchange(self, words: torch.Tensor) -> torch.Tensor:
         """[n, 256] int32 words of this rank -> [world, n, 256] of every rank, in rank order.
@@ -128,24 +146,22 @@ class VocabParallelLogprobReducer:
         counts: torch.Tensor | None,
         token_ids: torch.Tensor | None,
         rows: int,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    ) -> _Selection:
         """Which rows select IDs, their [rows, 128] IDs and which of those are in the prefix."""
         if counts is None or token_ids is None:
-            return torch.zeros(rows, dtype=torch.bool, device=slots.device), None, None
+            return _Selection(torch.zeros(rows, dtype=torch.bool, device=slots.device))
         count = counts.index_select(0, slots).to(torch.int64).clamp(max=MAX_SELECTED_IDS)
         index = torch.arange(MAX_SELECTED_IDS, device=slots.device)
         # IDs past a slot's uploaded prefix are stale and are never used as read indices.
         in_prefix = index[None, :] < count[:, None]
-        return count > 0, token_ids.index_select(0, slots).to(torch.int64), in_prefix
+        return _Selection(count > 0, token_ids.index_select(0, slots).to(torch.int64), in_prefix)
 
     def _candidates(
         self,
         raw: torch.Tensor,
         lse: torch.Tensor,
         chosen: torch.Tensor,
-        selects: torch.Tensor,
-        selected_ids: torch.Tensor | None,
-        in_prefix: torch.Tensor | None,
+        selection: _Selection,
     ) -> torch.Tensor:
         """Exchange 2 payload: owned raw logits of the chosen and selected IDs, shard top keys."""
         words = self._words(raw.shape[0], raw.device)
@@ -153,10 +169,10 @@ class VocabParallelLogprobReducer:
         words[:, KEY_WORDS] = keys.view(torch.int32)
         words[:, VALUE_WORDS] = bits
         words[:, CHOSEN_WORD] = self._owned(raw, chosen[:, None], None)[:, 0]
-        if selected_ids is not None:
-            owned = self._owned(raw, selected_ids, in_prefix)
+        if selection.ids is not None:
+            owned = self._owned(raw, selection.ids, selection.in_prefix)
             words[:, SELECTED_WORDS] = torch.where(
-                selects[:, None], owned, words[:, SELECTED_WORDS]
+                selection.selects[:, None], owned, words[:, SELECTED_WORDS]
             )
         return words
 
@@ -193,7 +209,7 @@ class VocabParallelLogprobReducer:
     def _owner_words(self, gathered: torch.Tensor, ids: torch.Tensor, word: int) -> torch.Tensor:
         """FP32 words [rows, columns] from the rank owning each ID, columns starting at `word`."""
         # The first rank whose stop lies past the ID; empty ranges never own one.
-        stops = self._stops.to(ids.device)
+        stops = torch.tensor(self.shard.stops, dtype=torch.int64, device=ids.device)
         owner = torch.bucketize(ids.clamp(0, self.shard.vocab_size - 1), stops, right=True)
         row = torch.arange(ids.shape[0], device=ids.device)[:, None]
         column = word + torch.arange(ids.shape[1], device=ids.device)[None, :]
@@ -226,15 +242,14 @@ class VocabParallelLogprobReducer:
         slots: torch.Tensor,
         positions: torch.Tensor,
         chosen: torch.Tensor,
-        selects: torch.Tensor,
-        selected_ids: torch.Tensor | None,
-        in_prefix: torch.Tensor | None,
+        selection: _Selection,
         out: torch.Tensor,
     ) -> None:
         """Final stage: the packed chosen pair and alternative pairs of every requesting row."""
         chosen_bits = self._reported(gathered, lse, chosen[:, None], CHOSEN_WORD)[:, 0]
         pair_ids, pair_bits = self._natural(gathered)
         live = None
+        selects, selected_ids, in_prefix = selection.selects, selection.ids, selection.in_prefix
         if selected_ids is not None and in_prefix is not None:
             padding = MAX_SELECTED_IDS - self.top_k
             pair_ids = torch.nn.functional.pad(pair_ids, (0, padding), value=NO_TOKEN)

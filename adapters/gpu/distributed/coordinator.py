@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from adapters.gpu.distributed.collectives import ParallelFailure
+from adapters.gpu.distributed.group import RankGroup
 from adapters.gpu.executor import TorchExecutor
-from adapters.gpu.parallel.collectives import ParallelFailure
-from adapters.gpu.parallel.group import RankGroup
 from domain.engine.step import ExecutorGeometry, FrameResult, StepPlan
 
 _log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from adapters.gpu.parallel import triton_launches as launches
+from adapters.gpu.logprobs import triton_launches_vp as launches
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
+from adapters.gpu.distributed.collectives import Collectives
+from adapters.gpu.distributed.shards import VocabShard
 from adapters.gpu.logprobs.keys import NAN_BITS, NO_KEY, key_token_ids, order_keys, top_sort_keys
 from adapters.gpu.logprobs.normalizer import combine_tiles, group_tiles, tile_statistics
-from adapters.gpu.parallel.collectives import Collectives
-from adapters.gpu.parallel.shards import VocabShard
-from adapters.gpu.scoring.prompt_scorer import (
-    PROJECTION_ROWS,
-    check_score_inputs,
-    pack_prompt_rows,
-)
+from adapters.gpu.scoring.prompt_scorer import BlockScorer, pack_prompt_rows
 from domain.logprobs.values import NATURAL_TOP_K, NO_TOKEN
 
 EXCHANGE_WORDS = 64
@@ -36,7 +30,7 @@ def run_tiles(tiles: int) -> int:
     return max(1, -(-tiles // EXCHANGED_PAIRS))
 
 
-class VocabParallelPromptScorer:
+class VocabParallelPromptScorer(BlockScorer):
     """`PromptScorer` for a vocabulary sharded across ranks (`collectives`), as one rank scores.
 
     Each rank projects at most PROJECTION_ROWS hidden rows at a time into its own shard lanes
@@ -62,49 +56,25 @@ class VocabParallelPromptScorer:
         collectives: Collectives | None = None,
     ) -> None:
         self.shard = VocabShard.of(vocab_size, rank, world_size)
+        super().__init__(self.shard.width, "shard")
         self._runs = tuple(run_tiles(tiles) for tiles in self.shard.tiles)
         # Pairs each rank sends in exchange 1 (none from an empty shard).
         self._pairs = tuple(-(-t // r) for t, r in zip(self.shard.tiles, self._runs, strict=True))
         self.collectives = collectives or Collectives()
         self._stops = torch.tensor(self.shard.stops, dtype=torch.int64)
-        self._block: torch.Tensor | None = None
 
-    def score(
-        self,
-        hidden: torch.Tensor,
-        targets: torch.Tensor,
-        project: Callable[[torch.Tensor], torch.Tensor],
-        out: torch.Tensor,
-    ) -> None:
-        """Fills out[:C] on every rank from `hidden` [C, H] and int32 `targets` [C].
+    def _who(self) -> str:
+        return f"rank {self.shard.rank} "
 
-        `project` maps hidden rows to this rank's float32 shard logits [rows, >= stop - start];
-        lanes past the shard are ignored. `hidden` and `targets` are replicated, so every rank
-        makes the same exchanges and writes the same rows, those of `PromptScorer.score`.
-        """
-        check_score_inputs(hidden, targets, out)
-        if hidden.shape[0]:
+    def _begin(self, rows: int) -> None:
+        # `hidden` and `targets` are replicated, so every rank makes the same exchanges and
+        # writes the same rows, those of `PromptScorer.score`.
+        if rows:
             self.shard.check_group(self.collectives.group, "scorer")
-        for first in range(0, hidden.shape[0], PROJECTION_ROWS):
-            last = min(first + PROJECTION_ROWS, hidden.shape[0])
-            raw = self._shard_logits(project(hidden[first:last]), last - first)
-            out[first:last].copy_(self._rows(raw, targets[first:last].to(torch.int64)))
 
-    def _shard_logits(self, logits: torch.Tensor, rows: int) -> torch.Tensor:
-        """This rank's raw FP32 shard lanes, copied into the pooled block's first `rows` rows."""
-        width = self.shard.width
-        if logits.dtype != torch.float32 or logits.dim() != 2:
-            raise TypeError(f"project must return float32 [rows, shard], got {logits.dtype}")
-        if logits.shape[0] != rows or logits.shape[1] < width:
-            raise ValueError(
-                f"rank {self.shard.rank} project returned {tuple(logits.shape)}, "
-                f"expected [{rows}, >= {width}]"
-            )
-        if self._block is None or self._block.device != logits.device:
-            self._block = torch.empty(
-                PROJECTION_ROWS, width, dtype=torch.float32, device=logits.device
-            )
-        return self._block[:rows].copy_(logits[:, :width])
+    def _block_of(self, logits: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        """This rank's raw FP32 shard lanes, copied into `pooled`."""
+        return pooled.copy_(logits)
 
     def _rows(self, raw: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The packed rows of one block; `raw` becomes the shard's reported values in place."""

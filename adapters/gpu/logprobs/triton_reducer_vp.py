@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import torch
 
+from adapters.gpu.logprobs.custom_op_vp import vocab_parallel_operators
 from adapters.gpu.logprobs.keys import CANDIDATES_PER_TILE
-from adapters.gpu.logprobs.reducer import ReductionInputs, check_inputs, check_sizes
-from adapters.gpu.parallel.collectives import Collectives
-from adapters.gpu.parallel.custom_ops import vocab_parallel_operators
-from adapters.gpu.parallel.reference_reducer import EXCHANGE_WORDS, MAX_SHARD_TILES
-from adapters.gpu.parallel.shards import VocabShard
+from adapters.gpu.logprobs.reducer import ReductionInputs
+from adapters.gpu.logprobs.reference_reducer_vp import EXCHANGE_WORDS, ShardedReducer
 
 
-class TritonVocabParallelLogprobReducer:
+class TritonVocabParallelLogprobReducer(ShardedReducer):
     """The torch-staged vocabulary-parallel contract from six Triton launches per rank.
 
     Launches: shard tile statistics, exchange 1 packing, the global normalization, shard tile
@@ -24,22 +22,17 @@ class TritonVocabParallelLogprobReducer:
     eager all-gathers between them.
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        top_k: int,
-        rank: int,
-        world_size: int,
-        collectives: Collectives | None = None,
-    ) -> None:
-        check_sizes(vocab_size, top_k)
-        self.shard = VocabShard.of(vocab_size, rank, world_size, MAX_SHARD_TILES, "exchange 1")
-        self.top_k = top_k
-        self.collectives = collectives or Collectives()
-        self.tiles = self.shard.tiles[rank]
+    _workspace: dict[str, torch.Tensor] | None = None  # sized by the first `_reserved`
+
+    @property
+    def tiles(self) -> int:
+        """Whole normalizer tiles in this rank's shard."""
+        return self.shard.tiles[self.shard.rank]
+
+    @property
+    def _stats_tiles(self) -> int:
         # An empty shard still runs one gated tile of no lanes, so every launch has a grid.
-        self._stats_tiles = max(self.tiles, 1)
-        self._workspace: dict[str, torch.Tensor] | None = None
+        return max(self.tiles, 1)
 
     def reserve(self, capacity: int, device: torch.device | str) -> None:
         """Allocates the workspaces and exchange buffers for up to `capacity` rows, and registers
@@ -84,7 +77,7 @@ class TritonVocabParallelLogprobReducer:
     def reduce(self, inputs: ReductionInputs) -> None:
         """Same contract as VocabParallelLogprobReducer.reduce; both exchanges carry all rows."""
         shard = self.shard
-        check_inputs(inputs, shard.width, self.top_k, rows=f"rank {shard.rank} logits")
+        self._check(inputs)
         logits_shard, slots, positions, chosen, requested, counts, token_ids, out = inputs
         rows = logits_shard.shape[0]
         if rows == 0:

@@ -1,1 +1,0 @@
-"""Tensor parallelism: the model split, sharded sampling, vocabulary-parallel logprobs and ranks."""
