@@ -1,4 +1,4 @@
-"""Suite-wide pytest set-up: the gpu auto-skip, quiet tokenizers and the Hypothesis profiles."""
+"""Suite-wide pytest set-up: gpu auto-skip, model-marker guard, quiet tokenizers, Hypothesis."""
 
 from __future__ import annotations
 
@@ -7,6 +7,13 @@ import shutil
 
 import pytest
 from hypothesis import settings
+
+# The guard: a test that builds a model, spawns a gloo world or starts a server carries its marker.
+from tests.support.marker_guard import (  # noqa: F401
+    pytest_fixture_setup,
+    pytest_runtest_setup,
+    pytest_runtest_teardown,
+)
 
 # CI runners are small and shared, so a slow example is not a failing one; derandomize keeps
 # a red run reproducible. HYPOTHESIS_PROFILE=dev explores fresh examples on every run.

@@ -12,7 +12,7 @@ import pytest
 from tests.e2e.conftest import running_server
 from tests.support.prometheus import Scrape
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
 MODEL = "multi"
 
