@@ -8,12 +8,7 @@ import shutil
 import pytest
 from hypothesis import settings
 
-# The guard: a test that builds a model, spawns a gloo world or starts a server carries its marker.
-from tests.support.marker_guard import (  # noqa: F401
-    pytest_fixture_setup,
-    pytest_runtest_setup,
-    pytest_runtest_teardown,
-)
+from tests.support import marker_guard
 
 # CI runners are small and shared, so a slow example is not a failing one; derandomize keeps
 # a red run reproducible. HYPOTHESIS_PROFILE=dev explores fresh examples on every run.
@@ -23,6 +18,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # The guard: a test that builds a model, spawns a gloo world or starts a server carries
+    # its marker, so `make test-fast` leaves it out.
+    config.pluginmanager.register(marker_guard, "helios-marker-guard")
     # The Rust tokenizer pool warns, and can deadlock, when xdist or a server forks after use.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Without a GPU, Triton kernels run in its interpreter, chosen before triton is imported.
