@@ -1,4 +1,4 @@
-"""Suite-wide pytest set-up: the gpu auto-skip, quiet tokenizers and the Hypothesis profiles."""
+"""Suite-wide pytest set-up: gpu auto-skip, model-marker guard, quiet tokenizers, Hypothesis."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import shutil
 import pytest
 from hypothesis import settings
 
+from tests.support import marker_guard
+
 # CI runners are small and shared, so a slow example is not a failing one; derandomize keeps
 # a red run reproducible. HYPOTHESIS_PROFILE=dev explores fresh examples on every run.
 settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
@@ -16,6 +18,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # The guard: a test that builds a model, spawns a gloo world or starts a server carries
+    # its marker, so `make test-fast` leaves it out.
+    config.pluginmanager.register(marker_guard, "helios-marker-guard")
     # The Rust tokenizer pool warns, and can deadlock, when xdist or a server forks after use.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Without a GPU, Triton kernels run in its interpreter, chosen before triton is imported.

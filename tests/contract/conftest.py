@@ -8,12 +8,8 @@ from dataclasses import replace
 import falcon.asgi
 import pytest
 
-from adapters.cli.asgi import load_served_model
-from adapters.cli.serve_config import ServeConfig
-from adapters.gpu.factory import RunnerSettings
 from adapters.http.app import create_app
 from adapters.http.serving import HttpSettings, ModelHolder, ServedModel
-from tests.support.tiny_serving import build_tiny_model_dir
 
 SERVED_NAME = "tiny"
 API_KEY = "contract-key"
@@ -24,6 +20,12 @@ KV_CACHE_BYTES = 16 << 20
 
 @pytest.fixture(scope="session")
 def served_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedModel]:
+    # Imported here: they bring in torch, which collecting `make test-fast` should not pay for.
+    from adapters.cli.asgi import load_served_model
+    from adapters.cli.serve_config import ServeConfig
+    from adapters.gpu.factory import RunnerSettings
+    from tests.support.tiny_serving import build_tiny_model_dir
+
     model_dir = build_tiny_model_dir(tmp_path_factory.mktemp("contract-model"))
     config = ServeConfig(
         model=str(model_dir),

@@ -11,15 +11,12 @@ from pathlib import Path
 import pytest
 from falcon import testing
 
-from adapters.cli.asgi import load_served_model
-from adapters.cli.serve_config import ServeConfig
-from adapters.gpu.factory import RunnerSettings
 from adapters.http.app import create_app
 from adapters.http.serving import ModelHolder
 from tests.support.asgi_stream import stream_post
 from tests.support.sse import data_frames
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.model]
 
 API_MD = Path(__file__).resolve().parents[2] / "contracts" / "api.md"
 _BLOCK = re.compile(r"```(\w+)([^\n]*)\n(.*?)```", re.DOTALL)
@@ -124,6 +121,11 @@ def _stream_end(example: Example) -> bytes:
 
 @pytest.fixture(scope="module")
 def app() -> Iterator[object]:
+    # Imported here: they bring in torch, which collecting `make test-fast` should not pay for.
+    from adapters.cli.asgi import load_served_model
+    from adapters.cli.serve_config import ServeConfig
+    from adapters.gpu.factory import RunnerSettings
+
     config = ServeConfig(
         runner=RunnerSettings(
             device="cpu",

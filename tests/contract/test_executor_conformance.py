@@ -15,22 +15,21 @@ import pytest
 from domain.contract.capabilities import FULL_LOGPROBS
 from domain.contract.records import Finish, Role
 from domain.engine.commit import commit_round
-from domain.engine.step import ExecutorGeometry, SlotWork, StepPlan
+from domain.engine.step import SlotWork, StepPlan
 from domain.logprobs.prompt_scores import prompt_targets
 from domain.logprobs.values import NO_TOKEN, LogprobOptions, sort_key
 from domain.requests.sampling import SamplingParams
 from domain.structured.grammar import GrammarKind, GrammarSpec
 from ports.executor import ModelExecutor
 from tests.fakes import FakeExecutor, FakeGrammarCompiler
+from tests.support.geometry import fake_geometry
 
 BLOCK = 4
 SCORED_CAPACITY = 32
 GREEDY = SamplingParams(temperature=0.0)
 SAMPLED = SamplingParams(temperature=1.0, top_k=20)
 # The fake's sizes; the torch executor's come from `torch_settings` and the tiny model.
-FAKE_GEOMETRY = ExecutorGeometry(
-    capacity=8, block_size=BLOCK, num_blocks=64, vocab_size=64, max_model_len=128, token_capacity=8
-)
+FAKE_GEOMETRY = fake_geometry(logprobs=False, block_size=BLOCK, max_model_len=128)
 
 
 def torch_settings():

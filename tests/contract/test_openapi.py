@@ -21,6 +21,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from adapters.http.app import OPENAPI_PATH
+from tests.support.sse import data_frames
 
 # Schemathesis parametrizes at collection, so the contract is read then. It is the file itself,
 # not the app's /openapi.json: `from_fixture` schemas break on pytest 9 (they set
@@ -61,11 +62,6 @@ def _choice_count(body: dict) -> int:
     return prompts * int(body.get("n") or 1)
 
 
-def _stream_payloads(response: schemathesis.Response) -> list[str]:
-    frames = response.content.decode("utf-8").split("\n\n")
-    return [frame.removeprefix("data: ") for frame in frames if frame]
-
-
 def choices_follow_vllm_numbering(
     ctx: schemathesis.CheckContext, response: schemathesis.Response, case: schemathesis.Case
 ) -> bool | None:
@@ -86,7 +82,7 @@ def choices_follow_vllm_numbering(
         return True
     if response.stream_cut_short:
         return None
-    payloads = _stream_payloads(response)
+    payloads = data_frames(response.content.decode("utf-8"))
     assert payloads[-1] == DONE and payloads.count(DONE) == 1, "a stream ends with one [DONE]"
     chunks = [json.loads(payload) for payload in payloads[:-1]]
     if any("error" in chunk for chunk in chunks):

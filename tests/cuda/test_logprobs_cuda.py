@@ -7,15 +7,14 @@ from dataclasses import dataclass, fields
 
 import pytest
 import torch
+import triton
 
-triton = pytest.importorskip("triton")
-
-from adapters.gpu.logprobs import triton_reducer  # noqa: E402
-from adapters.gpu.logprobs.custom_op import logprob_reduce_operator  # noqa: E402
-from adapters.gpu.logprobs.reducer import LogprobReducer, ReductionInputs  # noqa: E402
-from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer  # noqa: E402
-from adapters.gpu.logprobs.triton_reducer import TritonLogprobReducer  # noqa: E402
-from domain.logprobs.values import FULL_POSITION_WORDS, MAX_SELECTED_IDS, NATURAL_TOP_K  # noqa: E402
+from adapters.gpu.logprobs import triton_reducer
+from adapters.gpu.logprobs.custom_op import logprob_reduce_operator
+from adapters.gpu.logprobs.reducer import LogprobReducer, ReductionInputs
+from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer
+from adapters.gpu.logprobs.triton_reducer import TritonLogprobReducer
+from domain.logprobs.values import FULL_POSITION_WORDS, MAX_SELECTED_IDS, NATURAL_TOP_K
 
 # Every test here needs a CUDA device; tests/conftest.py skips them where there is none.
 pytestmark = pytest.mark.gpu

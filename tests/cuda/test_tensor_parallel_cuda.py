@@ -5,16 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-triton = pytest.importorskip("triton")
-
-from adapters.gpu.distributed.devices import claim_device  # noqa: E402
-from adapters.gpu.logprobs import triton_launches_vp  # noqa: E402
-from adapters.gpu.logprobs.normalizer import LSE_TILE  # noqa: E402
-from adapters.gpu.logprobs.reducer import ReductionInputs  # noqa: E402
-from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer  # noqa: E402
-from adapters.gpu.logprobs.reference_reducer_vp import EXCHANGE_WORDS  # noqa: E402
-from adapters.gpu.logprobs.triton_reducer import TritonLogprobReducer  # noqa: E402
-from domain.logprobs.values import NATURAL_TOP_K  # noqa: E402
+from adapters.gpu.distributed.devices import claim_device
+from adapters.gpu.logprobs import triton_launches_vp
+from adapters.gpu.logprobs.normalizer import LSE_TILE
+from adapters.gpu.logprobs.reducer import ReductionInputs
+from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer
+from adapters.gpu.logprobs.reference_reducer_vp import EXCHANGE_WORDS
+from adapters.gpu.logprobs.triton_reducer import TritonLogprobReducer
+from domain.logprobs.values import NATURAL_TOP_K
 
 # tests/conftest.py skips these where there is no CUDA device; one GPU skips them here.
 pytestmark = [

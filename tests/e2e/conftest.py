@@ -17,6 +17,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from tests.support.marker_guard import require
 from tests.support.tiny_serving import build_tiny_model_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -103,6 +104,9 @@ def running_server(
     """Starts `helios serve` (None: the embedded SmolLM2) on a free port, waits for /health 200,
     and stops it afterwards; later flags in `extra_args` override the defaults, and
     `environment` adds to the server's variables."""
+    require("e2e", "it started a helios serve process")
+    if model_dir is None:
+        require("model", "it served the embedded SmolLM2")
     port = free_port()
     server = RunningServer(f"http://127.0.0.1:{port}", workdir / "server.log")
     command = [

@@ -18,7 +18,7 @@ import pytest
 
 from tests.e2e.conftest import MAX_MODEL_LEN, MAX_NUM_SEQS, RunningServer
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
 CLIENT_TIMEOUT_S = 30.0
 GREEDY = {"temperature": 0.0}

@@ -24,7 +24,7 @@ from tests.support.lm_eval import (
 )
 from tests.support.tiny_serving import build_ending_model_dir
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
 
 SERVED_NAME = "tiny-llama"
 GREEDY_LENGTH = 3

@@ -23,7 +23,7 @@ from tests.support.lm_eval import (
     scoring_payload,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
 
 SERVED_NAME = "SmolLM2-135M-Instruct"
 ENDING_LIMIT = 16

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 import urllib.request
 from pathlib import Path
@@ -10,21 +9,12 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import running_server
+from tests.support.http_json import post_url
 from tests.support.prometheus import Scrape
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
 MODEL = "multi"
-
-
-def _post(base_url: str, path: str, body: dict) -> dict:
-    request = urllib.request.Request(
-        f"{base_url}{path}",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return json.loads(response.read())
 
 
 def test_a_server_in_multiprocess_mode_exposes_the_files_it_writes_and_drops_stale_ones(
@@ -37,7 +27,7 @@ def test_a_server_in_multiprocess_mode_exposes_the_files_it_writes_and_drops_sta
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(directory))
 
     with running_server(e2e_model_dir, tmp_path, "--served-model-name", MODEL) as server:
-        answer = _post(
+        answer = post_url(
             server.base_url,
             "/v1/completions",
             {"prompt": "the quick brown fox", "max_tokens": 4, "ignore_eos": True},

@@ -25,7 +25,7 @@ import pytest
 from tests.e2e.conftest import RunningServer, running_server
 from tests.support.prometheus import Scrape
 
-pytestmark = [pytest.mark.e2e]
+pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
 SOAK_SECONDS = float(os.environ.get("HELIOS_SOAK_SECONDS", "60"))
 STREAMS = 16

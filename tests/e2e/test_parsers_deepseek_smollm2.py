@@ -14,7 +14,7 @@ import pytest
 from tests.e2e.conftest import RunningServer, running_server
 from tests.e2e.test_parsers_smollm2 import MESSAGES, MODEL, Booking, booking_tool
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
 
 PARSERS = (
     *("--reasoning-parser", "deepseek_r1"),

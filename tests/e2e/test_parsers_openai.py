@@ -19,7 +19,7 @@ from adapters.tokenizer.hf import HfTokenizer
 from tests.e2e.conftest import RunningServer, running_server
 from tests.support.tiny_serving import build_thinking_model_dir
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
 CLIENT_TIMEOUT_S = 30.0
 MESSAGES = [{"role": "user", "content": "the weather in Oslo"}]

@@ -14,7 +14,7 @@ import pytest
 
 from tests.e2e.conftest import RunningServer, running_server
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
 
 MODEL = "SmolLM2-135M-Instruct"
 PARSERS = (

@@ -11,7 +11,7 @@ import pytest
 from tests.e2e.conftest import RunningServer, running_server
 from tests.support.completion_checks import check_completion_logprobs
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
 
 QUESTION = [{"role": "user", "content": "Name three fruits and say why they are good."}]
 

@@ -15,7 +15,7 @@ import pytest
 from tests.e2e.conftest import REPO_ROOT, RunningServer, running_server
 from tests.support.prometheus import Scrape
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
 
 NGRAM = (
     '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, '

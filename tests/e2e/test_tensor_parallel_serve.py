@@ -35,7 +35,7 @@ from tests.support.draining import drain
 from tests.support.engines import build_engine
 from tests.support.tiny_serving import build_parallel_model_dir
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
 
 SMOLLM2 = "SmolLM2-135M-Instruct"
 # Long enough for a fresh peer interpreter to import torch on a loaded 2-core machine, short

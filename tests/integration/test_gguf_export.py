@@ -62,6 +62,7 @@ def gguf_reference() -> dict[str, Any]:
     return {"config": config, "tokenizer": tokenizer, "model": model, "tensors": tensors}
 
 
+@pytest.mark.model
 @pytest.mark.slow
 def test_exported_config_carries_the_gguf_hyperparameters(
     exported: Path, gguf_reference: dict[str, Any]
@@ -107,6 +108,7 @@ def test_exported_weights_are_float32_under_hf_names_without_lm_head(exported: P
     assert embed.shape == (49152, 576)
 
 
+@pytest.mark.model
 @pytest.mark.slow
 def test_exported_weights_equal_transformers_gguf_conversion(
     exported: Path, gguf_reference: dict[str, Any]
@@ -121,6 +123,7 @@ def test_exported_weights_equal_transformers_gguf_conversion(
             np.testing.assert_array_equal(weights.get_tensor(name), reference[name].numpy())
 
 
+@pytest.mark.model
 @pytest.mark.slow
 def test_exported_model_logits_match_transformers_gguf_loading(
     exported: Path, gguf_reference: dict[str, Any]
@@ -137,6 +140,7 @@ def test_exported_model_logits_match_transformers_gguf_loading(
     assert torch.allclose(ours, expected, atol=1e-4, rtol=0)
 
 
+@pytest.mark.model
 @pytest.mark.slow
 def test_exported_tokenizer_encodes_like_transformers_gguf_tokenizer(
     exported: Path, gguf_reference: dict[str, Any]
@@ -167,6 +171,7 @@ def test_exported_tokenizer_reports_smollm_special_tokens_and_bytes(exported: Pa
         assert joined == text.encode("utf-8")
 
 
+@pytest.mark.model
 @pytest.mark.slow
 def test_exported_chat_template_renders_like_transformers_gguf_tokenizer(
     exported: Path, gguf_reference: dict[str, Any]

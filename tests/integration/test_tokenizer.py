@@ -77,6 +77,7 @@ def expected_token_bytes(tiny: Tiny, text: str) -> bytes:
     return text.encode("utf-8")
 
 
+@pytest.mark.model
 @EXAMPLES
 @given(text=PLAIN_TEXT)
 def test_token_bytes_of_an_encoding_concatenate_to_the_utf8_text(tiny: Tiny, text: str) -> None:
@@ -85,6 +86,7 @@ def test_token_bytes_of_an_encoding_concatenate_to_the_utf8_text(tiny: Tiny, tex
     assert joined == expected_token_bytes(tiny, text)
 
 
+@pytest.mark.model
 def test_multibyte_characters_are_split_across_tokens(tiny: Tiny) -> None:
     token_ids = tiny.ours.encode("日本語 🎉", add_special_tokens=False)
     pieces = [tiny.ours.token_bytes(token_id) for token_id in token_ids]
@@ -99,6 +101,7 @@ def test_multibyte_characters_are_split_across_tokens(tiny: Tiny) -> None:
     assert not all(is_utf8(piece) for piece in pieces)
 
 
+@pytest.mark.model
 def test_special_tokens_give_their_literal_content_as_bytes(tiny: Tiny) -> None:
     special_ids = {token: tiny.reference.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
     for token, token_id in special_ids.items():
@@ -135,12 +138,14 @@ def test_built_vocabulary_has_exactly_the_requested_size(
     assert HfTokenizer.from_dir(tmp_path).vocab_size == vocab_size
 
 
+@pytest.mark.model
 def test_eos_ids_join_the_config_eos_token_and_generation_config_ids(tiny: Tiny) -> None:
     expected = {tiny.reference.convert_tokens_to_ids(t) for t in (EOS_TOKEN, EXTRA_EOS_TOKEN)}
     assert tiny.ours.eos_token_ids == frozenset(expected)
     assert tiny.ours.bos_token_id == tiny.reference.convert_tokens_to_ids(BOS_TOKEN)
 
 
+@pytest.mark.model
 def test_bos_is_prepended_only_when_the_tokenizer_config_asks(tiny: Tiny) -> None:
     with_specials = tiny.ours.encode("hello")
     without = tiny.ours.encode("hello", add_special_tokens=False)
@@ -150,6 +155,7 @@ def test_bos_is_prepended_only_when_the_tokenizer_config_asks(tiny: Tiny) -> Non
         assert with_specials == without
 
 
+@pytest.mark.model
 def test_only_the_byte_fallback_decoder_strips_a_leading_space(tiny: Tiny) -> None:
     assert tiny.ours.strips_leading_space is (tiny.kind == "byte_fallback")
     token_ids = tiny.ours.encode("word", add_special_tokens=False)
@@ -158,6 +164,7 @@ def test_only_the_byte_fallback_decoder_strips_a_leading_space(tiny: Tiny) -> No
     assert tiny.ours.decode(token_ids) == "word"
 
 
+@pytest.mark.model
 @EXAMPLES
 @given(text=TEXT)
 def test_encode_matches_transformers(tiny: Tiny, text: str) -> None:
@@ -166,6 +173,7 @@ def test_encode_matches_transformers(tiny: Tiny, text: str) -> None:
         assert ours == tiny.reference.encode(text, add_special_tokens=add_special_tokens)
 
 
+@pytest.mark.model
 @EXAMPLES
 @given(text=TEXT)
 def test_decode_matches_transformers(tiny: Tiny, text: str) -> None:
@@ -175,6 +183,7 @@ def test_decode_matches_transformers(tiny: Tiny, text: str) -> None:
         assert tiny.ours.decode(token_ids, skip_special_tokens=skip) == expected
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
 @pytest.mark.parametrize("messages", CONVERSATIONS)
 def test_chat_template_renders_like_transformers(
@@ -188,17 +197,20 @@ def test_chat_template_renders_like_transformers(
     assert rendered.endswith("<|im_start|>assistant\n") is add_generation_prompt
 
 
+@pytest.mark.model
 def test_template_raise_exception_becomes_a_value_error(tiny: Tiny) -> None:
     with pytest.raises(ValueError, match="cannot start with a tool message"):
         tiny.ours.apply_chat_template([{"role": "tool", "content": "42"}])
 
 
+@pytest.mark.model
 def test_missing_chat_template_is_a_clear_value_error(tiny: Tiny, tmp_path: Path) -> None:
     copy = _copy_without_template(tiny.directory, tmp_path)
     with pytest.raises(ValueError, match="no chat template"):
         HfTokenizer.from_dir(copy).apply_chat_template([{"role": "user", "content": "hi"}])
 
 
+@pytest.mark.model
 def test_chat_template_jinja_file_is_used_when_the_config_has_none(
     tiny: Tiny, tmp_path: Path
 ) -> None:
@@ -208,6 +220,7 @@ def test_chat_template_jinja_file_is_used_when_the_config_has_none(
     assert rendered == "HI"
 
 
+@pytest.mark.model
 def test_token_bytes_rejects_ids_outside_the_vocabulary(tiny: Tiny) -> None:
     for token_id in (-1, tiny.ours.vocab_size):
         with pytest.raises(ValueError, match="outside the vocabulary"):
@@ -229,6 +242,7 @@ def _copy_without_template(source: Path, tmp_path: Path) -> Path:
     return copy
 
 
+@pytest.mark.model
 def test_special_token_text_is_one_id_that_keeps_its_bytes(tiny: Tiny) -> None:
     token_ids = tiny.ours.encode(SPECIAL_TEXT, add_special_tokens=False)
     end_id = tiny.reference.convert_tokens_to_ids(EOS_TOKEN)

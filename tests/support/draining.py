@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import time
+from collections.abc import Callable, Collection
 
 from domain.emission.outputs import RequestEnd
 from domain.engine.engine import Engine
@@ -10,6 +11,40 @@ from domain.requests.engine_request import EngineRequest
 
 # Far more steps than any test's requests need: past it the engine is wedged, not busy.
 MAX_STEPS = 10_000
+
+
+def step_until_idle(
+    engine: Engine, after_step: Callable[[], object] | None = None, max_steps: int = MAX_STEPS
+) -> int:
+    """Steps `engine` until it has no work and returns how many steps that took.
+
+    Fails when it still has work after `max_steps` steps; `after_step` runs after each step.
+    """
+    for steps in range(max_steps + 1):
+        if not engine.has_work():
+            return steps
+        if steps == max_steps:
+            break
+        engine.step()
+        if after_step is not None:
+            after_step()
+    raise AssertionError(f"the engine still had work after {max_steps} steps")
+
+
+def wait_until_idle(engine: Engine, timeout: float = 30.0) -> None:
+    """Waits for an engine that a server's loop steps to go idle; fails after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while engine.has_work():
+        assert time.monotonic() < deadline, f"the engine still had work after {timeout} s"
+        time.sleep(0.01)
+
+
+def channel_items(channel) -> list:
+    """Everything a request's output channel holds now, in order."""
+    items = []
+    while (item := channel.get_nowait()) is not None:
+        items.append(item)
+    return items
 
 
 def drain(
@@ -21,17 +56,16 @@ def drain(
     in `failing`.
     """
     channels = {r.request_id: engine.submit(r) for r in requests}
-    for _ in range(MAX_STEPS):
-        if not engine.has_work():
-            break
-        engine.step()
-    assert not engine.has_work(), f"the engine still had work after {MAX_STEPS} steps"
+    step_until_idle(engine)
+    return ended_items(channels, failing)
+
+
+def ended_items(channels: dict, failing: Collection[str] = ()) -> dict[str, list]:
+    """Each channel's items; each must end with a RequestEnd, erring exactly when in `failing`."""
     found = {}
     for request_id, channel in channels.items():
-        items = []
-        while (item := channel.get_nowait()) is not None:
-            items.append(item)
-        assert isinstance(items[-1], RequestEnd), items[-1]
+        items = channel_items(channel)
+        assert items and isinstance(items[-1], RequestEnd), items[-1:]
         assert (items[-1].error is not None) == (request_id in failing), (request_id, items[-1])
         found[request_id] = items
     return found

@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.support.marker_guard import require
+
 
 def spawn_worlds(
     worker: Callable[[int, int, str], None],
@@ -24,6 +26,7 @@ def spawn_worlds(
 
     One spawn per world size; the worker must be a module-level function (spawn pickles it).
     """
+    require("slow", "it spawned gloo worlds")
     found = {}
     for world in worlds:
         directory = tmp_path_factory.mktemp(f"world{world}")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +10,8 @@ import torch
 import transformers
 from lm_eval.api.instance import Instance
 from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+from tests.support.http_json import post_url
 
 ATOL = 1e-4
 
@@ -165,13 +165,7 @@ def scoring_payload(base_url: str, served_name: str, prompt: list[int]) -> dict:
         "seed": 1234,
         "echo": True,
     }
-    request = urllib.request.Request(
-        f"{base_url}/v1/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return json.loads(response.read())
+    return post_url(base_url, "/v1/completions", body)
 
 
 def assert_loglikelihoods(results: list[tuple[float, bool]], expected: list[Expected]) -> None:

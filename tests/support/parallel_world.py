@@ -16,6 +16,7 @@ from adapters.gpu.distributed.launch import run_peer
 from adapters.gpu.factory import ExecutorRecipe, RunnerSettings
 from adapters.gpu.logprobs.completion_outputs import CompletionOutputs
 from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
+from tests.support.marker_guard import require
 
 # rank_main(rendezvous, directory, *arguments), a module-level function (spawn pickles it).
 RankMain = Callable[..., None]
@@ -23,6 +24,7 @@ RankMain = Callable[..., None]
 
 def spawn_world(world_size: int, directory: Path, rank_main: RankMain, *arguments: Any) -> None:
     """Runs rank_main on every rank of a fresh loopback world and waits for all of them."""
+    require("slow", "it spawned a gloo world")
     rendezvous = Rendezvous("127.0.0.1", free_port(), world_size, 0, 0, timeout_s=120)
     mp.start_processes(
         _entry,

@@ -21,3 +21,14 @@ def json_frames(body: str) -> list[dict]:
     if not frames or frames[-1] != "[DONE]":
         raise AssertionError(f"stream does not end with [DONE]: {frames[-1:]}")
     return [json.loads(frame) for frame in frames[:-1]]
+
+
+def named_events(body: str) -> list[dict]:
+    """A Responses stream's events, parsed, after checking each frame's `event:` names its type."""
+    events = []
+    for block in body.strip().split("\n\n"):
+        name, data = block.split("\n", 1)
+        event = json.loads(data.removeprefix("data: "))
+        assert name == f"event: {event['type']}", (name, event["type"])
+        events.append(event)
+    return events

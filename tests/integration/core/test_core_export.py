@@ -29,6 +29,8 @@ from domain.contract.capabilities import (
 from domain.contract.core_validation import CoreValidationError
 from tests.support.tiny_serving import build_tiny_model_dir
 
+pytestmark = pytest.mark.model
+
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -89,6 +89,7 @@ def manifest(logprobs: str = "full", top_k: int = 20, limit: int = 0) -> core_pb
     )
 
 
+@pytest.mark.model
 @pytest.mark.parametrize(("level", "top_k", "capacity", "t"), list(MANIFESTS_BEFORE_SCORING))
 def test_manifest_without_the_flag_keeps_its_bytes_from_before_prompt_scoring(
     level: str, top_k: int, capacity: int, t: int
@@ -176,12 +177,14 @@ def test_a_negative_chunk_limit_is_refused() -> None:
         manifest(limit=-1)
 
 
+@pytest.mark.model
 def test_export_with_prompt_logprobs_declares_the_default_ladder(scoring_core: Path) -> None:
     core = load_core(scoring_core)
     assert core.capability == LogprobCapability(20, True, scored_capacities=(128, 512))
     assert "operation: SCORED_PREFILL" in (scoring_core / MANIFEST_TEXT_FILE).read_text("utf-8")
 
 
+@pytest.mark.model
 def test_export_reports_the_scored_capacities_of_its_chunk_limit(
     model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -191,6 +194,7 @@ def test_export_reports_the_scored_capacities_of_its_chunk_limit(
     assert load_core(tmp_path / "core").capability.scored_capacities == (128, 512, 1000)
 
 
+@pytest.mark.model
 def test_export_without_the_flag_declares_no_scoring_whatever_the_chunk_limit(
     model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -205,6 +209,7 @@ def test_export_without_the_flag_declares_no_scoring_whatever_the_chunk_limit(
     assert core.manifest == ordinary
 
 
+@pytest.mark.model
 def test_natural_export_with_twenty_alternatives_scores_prompts(
     model_dir: Path, tmp_path: Path
 ) -> None:
@@ -214,6 +219,7 @@ def test_natural_export_with_twenty_alternatives_scores_prompts(
     assert (capability.selects_ids, capability.scored_capacities) == (False, (128, 512))
 
 
+@pytest.mark.model
 @pytest.mark.parametrize(
     "options",
     [
@@ -230,6 +236,7 @@ def test_export_refuses_scoring_it_cannot_declare_and_leaves_nothing(
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.model
 def test_core_missing_a_scored_graph_fails_loading(scoring_core: Path, tmp_path: Path) -> None:
     tampered = tmp_path / "tampered"
     export_core(str(scoring_core), tampered, prompt_chunk_limit=512)
@@ -242,6 +249,7 @@ def test_core_missing_a_scored_graph_fails_loading(scoring_core: Path, tmp_path:
         load_core(tampered)
 
 
+@pytest.mark.model
 def test_plain_model_is_described_with_scoring_only_when_asked(model_dir: Path) -> None:
     assert describe_plain_model(model_dir).capability == FULL_LOGPROBS
     scoring = describe_plain_model(model_dir, prompt_chunk_limit=2048)
@@ -249,6 +257,7 @@ def test_plain_model_is_described_with_scoring_only_when_asked(model_dir: Path) 
     assert scoring.capability.selects_ids
 
 
+@pytest.mark.model
 def test_serving_a_plain_model_with_a_chunk_limit_scores_at_its_ladder(model_dir: Path) -> None:
     assert resolve_core(str(model_dir), prompt_chunk_limit=100).capability.scored_capacities == (
         100,
@@ -256,12 +265,14 @@ def test_serving_a_plain_model_with_a_chunk_limit_scores_at_its_ladder(model_dir
     assert not resolve_core(str(model_dir)).capability.scores_prompts
 
 
+@pytest.mark.model
 def test_asking_a_core_without_scoring_for_it_says_to_export_again(plain_core: Path) -> None:
     assert resolve_core(str(plain_core)).capability == FULL_LOGPROBS
     with pytest.raises(ValueError, match="export it again with --prompt-logprobs"):
         resolve_core(str(plain_core), prompt_chunk_limit=512)
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("limit", [0, 512, 2048])
 def test_a_core_that_declares_scoring_serves_it_as_declared(scoring_core: Path, limit: int) -> None:
     core = resolve_core(str(scoring_core), prompt_chunk_limit=limit)
@@ -283,6 +294,7 @@ class _Resolved(Exception):
     """Stops bootstrap right after it has resolved the core."""
 
 
+@pytest.mark.model
 @pytest.mark.parametrize(("flag", "expected"), [((), 0), (("--prompt-logprobs",), 1000)])
 def test_loading_asks_for_scoring_at_the_engine_chunk_limit_only_under_the_flag(
     monkeypatch: pytest.MonkeyPatch, flag: tuple[str, ...], expected: int

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from adapters.tokenizer.hf import HfTokenizer
 from domain.emission.outputs import ChoiceDelta, RequestEnd
 from domain.engine.engine import Engine
@@ -11,6 +13,8 @@ from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams
 from tests.support.draining import drain
 from tests.support.engines import build_engine
+
+pytestmark = pytest.mark.model
 
 PROMPTS = [
     "Hello there",

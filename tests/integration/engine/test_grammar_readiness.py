@@ -15,7 +15,7 @@ from domain.engine.channel import OutputChannel
 from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams
 from domain.structured.grammar import GrammarKind, GrammarSpec
-from tests.support.draining import MAX_STEPS
+from tests.support.draining import step_until_idle
 from tests.support.engines import build_engine
 
 # Compiles after admission take longer than the compiler's time bound, as a loaded host's may.
@@ -63,11 +63,7 @@ def test_grammars_evicted_from_the_cache_after_admission_are_not_compiled_again(
     spy.slow = True
 
     engine.submit_all(list(zip(checked, channels, strict=True)))
-    for _ in range(MAX_STEPS):
-        if not engine.has_work():
-            break
-        engine.step()
-    assert not engine.has_work()
+    step_until_idle(engine)
 
     assert spy.builds == len(patterns)
     for channel in channels:

@@ -15,8 +15,10 @@ from domain.emission.outputs import ChoiceDelta, PromptScores
 from domain.logprobs.rules import LogprobAsk
 from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams
-from tests.support.draining import drain
+from tests.support.draining import drain, ended_items, step_until_idle
 from tests.support.engines import build_engine
+
+pytestmark = pytest.mark.model
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 SEEDED = SamplingParams(max_tokens=6, temperature=0.9, seed=1234, ignore_eos=True)
@@ -190,19 +192,15 @@ def test_readmission_after_preemption_finishes_the_scores_without_duplicates(
         for name, prompt in prompts.items()
     ]
     channels = {r.request_id: engine.submit(r) for r in requests}
-    preempted = 0
-    while engine.has_work():
-        engine.step()
-        preempted = max(
-            [preempted] + [s.num_preemptions for s in engine.scheduler._running]  # noqa: SLF001
-        )
-    found = {}
-    for name, channel in channels.items():
-        items = []
-        while (item := channel.get_nowait()) is not None:
-            items.append(item)
-        assert items[-1].error is None
-        found[name] = items
+    preemptions = [0]
+
+    def count_preemptions() -> None:
+        running = engine.scheduler._running  # noqa: SLF001
+        preemptions.extend(s.num_preemptions for s in running)
+
+    step_until_idle(engine, after_step=count_preemptions)
+    found = ended_items(channels)
+    preempted = max(preemptions)
     assert preempted > 0, "the pool was meant to force a preemption"
     for name, prompt in prompts.items():
         assert_scores_match(reference_model, prompt, scores_of(found[name]), engine.vocab_size)

@@ -6,12 +6,13 @@ import pytest
 
 from adapters.cli import bootstrap
 from adapters.gpu.factory import RunnerSettings
-from domain.emission.outputs import ChoiceDelta, RequestEnd
+from domain.emission.outputs import ChoiceDelta
 from domain.engine.engine import EngineConfig
 from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams
+from tests.support.draining import drain
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.model]
 
 
 def test_smollm2_greedy_answer_to_the_capital_of_france_mentions_paris():
@@ -25,13 +26,8 @@ def test_smollm2_greedy_answer_to_the_capital_of_france_mentions_paris():
     )
     prompt = tuple(loaded.tokenizer.encode(chat, add_special_tokens=False))
 
-    channel = loaded.engine.submit(
-        EngineRequest("paris", prompt, SamplingParams(max_tokens=30, temperature=0.0))
-    )
-    while loaded.engine.has_work():
-        loaded.engine.step()
+    request = EngineRequest("paris", prompt, SamplingParams(max_tokens=30, temperature=0.0))
+    items = drain(loaded.engine, [request])["paris"]
 
-    items = list(channel)
     text = "".join(i.text for i in items if isinstance(i, ChoiceDelta))
-    assert isinstance(items[-1], RequestEnd) and items[-1].error is None
     assert "Paris" in text

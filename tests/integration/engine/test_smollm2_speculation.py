@@ -32,7 +32,7 @@ from domain.requests.sampling import SamplingParams
 from domain.speculation.drafts import SpeculativeConfig, SpeculativeMethod
 from tests.support.draining import drain
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.model]
 
 PASSAGE = (
     "The library opens at nine in the morning and closes at six in the evening. Members may "

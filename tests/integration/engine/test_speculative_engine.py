@@ -26,6 +26,8 @@ from domain.speculation.drafts import SpeculativeConfig, SpeculativeMethod
 from tests.support.draining import drain
 from tests.support.engines import build_engine
 
+pytestmark = pytest.mark.model
+
 NGRAM = SpeculativeConfig(SpeculativeMethod.NGRAM, 4, 1, 3)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
 # FP32 `logit - lse` against float64 log_softmax of the same FP32 row: one rounding of each.

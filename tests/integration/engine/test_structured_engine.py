@@ -31,6 +31,8 @@ from tests.integration.engine.test_speculative_engine import (
 from tests.support.draining import drain
 from tests.support.engines import build_engine
 
+pytestmark = pytest.mark.model
+
 WORDS = ("the", "quick", "brown", "fox", "slot", "answer", "a", "new")
 LOGPROBS = LogprobAsk(wanted=True, count=5)
 

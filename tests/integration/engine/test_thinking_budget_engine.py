@@ -11,6 +11,8 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pytest
+
 from domain.contract.records import CompletionRecord
 from domain.emission.outputs import ChoiceDelta
 from domain.engine.engine import Engine, EngineConfig
@@ -22,6 +24,8 @@ from domain.speculation.drafts import SpeculativeConfig, SpeculativeMethod
 from domain.structured.grammar import GrammarKind, GrammarSpec
 from tests.support.draining import drain
 from tests.support.engines import build_engine
+
+pytestmark = pytest.mark.model
 
 START, END = 40, (41, 42)
 MARKERS = ThinkingMarkers((START,), END)

@@ -78,6 +78,7 @@ def test_the_contract_lists_the_routes_this_test_guards():
     }
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("authorization", WRONG_AUTHORIZATIONS.values(), ids=WRONG_AUTHORIZATIONS)
 @pytest.mark.parametrize(("method", "path"), GUARDED_ROUTES)
 def test_a_guarded_route_without_the_right_key_is_a_401(keyed_client, method, path, authorization):
@@ -87,6 +88,7 @@ def test_a_guarded_route_without_the_right_key_is_a_401(keyed_client, method, pa
     assert error["type"] == "AuthenticationError"
 
 
+@pytest.mark.model
 @pytest.mark.parametrize(("method", "path"), GUARDED_ROUTES)
 def test_a_guarded_route_with_the_right_key_answers_as_an_open_server_does(
     client, keyed_client, method, path
@@ -98,11 +100,13 @@ def test_a_guarded_route_with_the_right_key_answers_as_an_open_server_does(
     assert _comparable(keyed) == _comparable(open_)
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("authorization", WRONG_AUTHORIZATIONS.values(), ids=WRONG_AUTHORIZATIONS)
 def test_health_answers_whatever_the_authorization(keyed_client, authorization):
     assert _call(keyed_client, *OPEN_ROUTE, authorization).status_code == 200
 
 
+@pytest.mark.model
 def test_an_unknown_route_is_a_401_without_the_key_and_a_404_with_it(keyed_client):
     assert_error(_call(keyed_client, "GET", "/v1/nothing", None), 401)
     assert_error(_call(keyed_client, "GET", "/nothing", "Bearer nope"), 401)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.integration.http.conftest import MODEL_NAME
 from tests.support.asgi_stream import stream_post
 from tests.support.sse import json_frames
+
+pytestmark = pytest.mark.model
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 

@@ -14,6 +14,8 @@ from adapters.gpu.factory import RunnerSettings
 from adapters.http.app import create_app
 from adapters.http.serving import ModelHolder
 
+pytestmark = pytest.mark.model
+
 RUNNER = RunnerSettings(
     device="cpu", max_num_seqs=8, max_model_len=128, kv_cache_bytes=8 << 20, block_size=8
 )

@@ -16,9 +16,12 @@ from falcon import testing
 from adapters.http.app import create_app
 from adapters.http.serving import ModelHolder
 from tests.integration.http.conftest import serve_tiny
+from tests.support import http_json
 from tests.support.asgi_stream import stream_post
 from tests.support.sse import json_frames
 from tests.support.tiny_serving import build_ending_model_dir
+
+pytestmark = pytest.mark.model
 
 ARRAYS = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
 PROBES = 400
@@ -45,9 +48,7 @@ def eos_name(ending_served) -> str:
 
 
 def post(client, status: int = 200, **body) -> dict:
-    result = client.simulate_post("/v1/completions", json=body)
-    assert result.status_code == status, result.text
-    return result.json
+    return http_json.post(client, "/v1/completions", body, status=status)
 
 
 def greedy_tokens(client, prompt: list[int], max_tokens: int) -> list[str]:

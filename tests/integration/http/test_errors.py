@@ -6,6 +6,8 @@ import pytest
 
 from tests.integration.http.conftest import MAX_MODEL_LEN, MODEL_NAME
 
+pytestmark = pytest.mark.model
+
 ENVELOPE_KEYS = {"message", "type", "param", "code"}
 
 

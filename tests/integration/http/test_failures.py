@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from tests.support.asgi_stream import stream_post
+from tests.support.draining import wait_until_idle
 from tests.support.sse import data_frames
+
+pytestmark = pytest.mark.model
 
 POISON = 7  # a token ID whose presence in a step makes the wrapped executor fail
 
@@ -23,13 +24,6 @@ def poisoned(served, monkeypatch):
         return submit(plan)
 
     monkeypatch.setattr(executor, "submit", failing_submit)
-
-
-def wait_until_idle(engine, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while engine.has_work() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return not engine.has_work()
 
 
 def test_a_request_that_fails_inside_the_engine_gets_a_500_and_the_next_one_succeeds(
@@ -54,7 +48,7 @@ def test_a_failing_streamed_request_ends_with_an_error_frame_and_done(app, poiso
 
 
 def test_a_client_that_disconnects_mid_stream_aborts_its_request(app, served):
-    assert wait_until_idle(served.engine)
+    wait_until_idle(served.engine)
     free_blocks = served.engine.scheduler.num_free_blocks
 
     status, text = stream_post(
@@ -65,5 +59,5 @@ def test_a_client_that_disconnects_mid_stream_aborts_its_request(app, served):
     )
 
     assert status == 200 and len(data_frames(text)) < 50 and "[DONE]" not in text
-    assert wait_until_idle(served.engine), "the abandoned request was aborted"
+    wait_until_idle(served.engine)  # the abandoned request was aborted
     assert served.engine.scheduler.num_free_blocks == free_blocks

@@ -9,14 +9,16 @@ from collections.abc import Iterator
 
 import jsonschema
 import pytest
-from falcon import testing
 
 from adapters.http.app import create_app
 from adapters.http.serving import ModelHolder, ServedModel
 from tests.integration.http.conftest import parser_app, serve_tiny
 from tests.support.asgi_stream import stream_post
-from tests.support.sse import json_frames
+from tests.support.http_json import post
+from tests.support.sse import json_frames, named_events
 from tests.support.tiny_serving import build_marker_model_dir
+
+pytestmark = pytest.mark.model
 
 MESSAGES = [{"role": "user", "content": "the quick brown fox"}]
 PARAMETERS = {
@@ -84,12 +86,6 @@ def forced(choice: str, **body: object) -> dict:
     }
 
 
-def post(app, path: str, body: dict) -> dict:
-    result = testing.TestClient(app).simulate_post(path, json=body)
-    assert result.status_code == 200, result.text
-    return result.json
-
-
 def calls_of(message: dict) -> list[tuple[str, str]]:
     return [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]]
 
@@ -128,7 +124,7 @@ def streamed_chat(app, body: dict) -> dict:
 
 def response_events(app, body: dict) -> list[dict]:
     _, text = stream_post(app, "/v1/responses", json={**body, "stream": True}, until=FINAL_USAGE)
-    return [json.loads(block.split("\ndata: ", 1)[1]) for block in text.strip().split("\n\n")]
+    return named_events(text)
 
 
 def responses_body(choice: str) -> dict:

@@ -12,6 +12,8 @@ from falcon import testing
 
 from tests.support.asgi_stream import chunk_times
 
+pytestmark = pytest.mark.model
+
 STREAM = {"prompt": "the quick brown", "max_tokens": 100, "temperature": 0, "stream": True}
 # A forced literal of 320,000 characters (larger ones break llguidance's lexer limit): about a
 # second of llguidance work before the first mask, more under load.

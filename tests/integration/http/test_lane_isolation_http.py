@@ -16,8 +16,11 @@ from adapters.http.serving import ModelHolder, ServedModel
 from tests.integration.http.conftest import serve_tiny
 from tests.support.asgi_stream import post, read_stream, stream_post
 from tests.support.breaking_grammars import row_explosion_grammar
+from tests.support.draining import wait_until_idle
 from tests.support.sse import data_frames, json_frames
 from tests.support.step_gate import StepGate
+
+pytestmark = pytest.mark.model
 
 BREAKING = {"grammar": row_explosion_grammar()}
 # References itself through a required property: llguidance gives up on its first token
@@ -218,8 +221,5 @@ def test_isolation_under_load_every_innocent_stream_keeps_its_exact_tokens(
     assert too_long[0] == 400 and too_long[1]["error"]["param"] == "prompt"
     assert too_long_stream[0] == 400 and too_long_stream[1]["error"]["param"] == "prompt"
     # Nothing is left running and every slot and block is free again.
-    deadline = time.monotonic() + 10
-    while engine.has_work() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not engine.has_work()
+    wait_until_idle(engine, timeout=10)
     assert engine.scheduler.num_free_blocks == free_blocks

@@ -13,14 +13,14 @@ from tests.integration.http.conftest import serve_tiny
 from tests.support.asgi_stream import stream_post
 from tests.support.sse import json_frames
 
+pytestmark = pytest.mark.model
+
 LENGTH = {"ignore_eos": True}
 
 
 @pytest.fixture(scope="module", params=["reference", "triton"])
 def backend_served(request, http_model_dir):
     """Every test here runs against both reducers behind the same port."""
-    if request.param == "triton":
-        pytest.importorskip("triton")
     served = serve_tiny(http_model_dir, logprobs_backend=request.param)
     yield served
     served.stop()

@@ -13,9 +13,12 @@ from adapters.http.app import create_app
 from adapters.http.serving import ModelHolder, ServedModel
 from domain.parsers.settings import ReasoningStrings
 from tests.integration.http.conftest import parser_app, serve_tiny
+from tests.support import http_json
 from tests.support.asgi_stream import stream_post
 from tests.support.sse import json_frames
 from tests.support.tiny_serving import build_marker_model_dir
+
+pytestmark = pytest.mark.model
 
 MESSAGES = [{"role": "user", "content": "the quick brown fox"}]
 CALL = {"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}
@@ -70,9 +73,7 @@ def steered(text: str, **body: object) -> dict:
 
 
 def post(app, body: dict) -> dict:
-    result = testing.TestClient(app).simulate_post("/v1/chat/completions", json=body)
-    assert result.status_code == 200, result.text
-    return result.json
+    return http_json.post(app, "/v1/chat/completions", body)
 
 
 def streamed(app, body: dict) -> dict:

@@ -11,8 +11,11 @@ from falcon import testing
 from adapters.http.app import create_app
 from adapters.http.serving import ModelHolder
 from tests.integration.http.conftest import serve_tiny
+from tests.support import http_json
 from tests.support.asgi_stream import stream_post
 from tests.support.sse import json_frames
+
+pytestmark = pytest.mark.model
 
 CHUNK = 48  # scored capacities (48,): long prompts are scored over several chunks
 
@@ -35,9 +38,7 @@ def token_prompt(length: int, seed: int, vocab: int) -> list[int]:
 
 
 def post(client, path: str, status: int = 200, **body):
-    result = client.simulate_post(path, json=body)
-    assert result.status_code == status, result.text
-    return result.json
+    return http_json.post(client, path, body, status=status)
 
 
 def tokenize(client, text: str) -> list[int]:

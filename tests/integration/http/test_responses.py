@@ -10,6 +10,9 @@ import pytest
 
 from tests.integration.http.conftest import MODEL_NAME
 from tests.support.asgi_stream import post_and_leave, stream_post
+from tests.support.sse import named_events
+
+pytestmark = pytest.mark.model
 
 LOGPROBS = ["message.output_text.logprobs"]
 GREEDY = {"temperature": 0, "ignore_eos": True}
@@ -39,13 +42,7 @@ def stream(app, **body) -> list[dict]:
     request = {"input": "the quick brown", **body, "stream": True}
     status, text = stream_post(app, "/v1/responses", json=request, until=FINAL_USAGE)
     assert status == 200
-    events = []
-    for block in text.strip().split("\n\n"):
-        name, data = block.split("\n", 1)
-        event = json.loads(data.removeprefix("data: "))
-        assert name == f"event: {event['type']}"
-        events.append(event)
-    return events
+    return named_events(text)
 
 
 def message_text(response: dict) -> str:
@@ -224,7 +221,7 @@ def test_a_stream_is_stored_before_its_final_event_so_a_client_may_leave_on_it(c
 
     text = post_and_leave(app, "/v1/responses", json=request, marker=FINAL_USAGE)
 
-    final = json.loads(text.strip().split("\n\n")[-1].split("data: ", 1)[1])
+    final = named_events(text)[-1]
     assert final["type"] == "response.incomplete"  # the token limit ended it
     assert client.simulate_get(f"/v1/responses/{final['response']['id']}").json == final["response"]
 

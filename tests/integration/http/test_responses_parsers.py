@@ -8,14 +8,17 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from falcon import testing
 
 from adapters.http.app import create_app
 from adapters.http.serving import ModelHolder, ServedModel
 from domain.parsers.settings import ParserSettings
 from tests.integration.http.conftest import serve_tiny
+from tests.support import http_json
 from tests.support.asgi_stream import stream_post
+from tests.support.sse import named_events
 from tests.support.tiny_serving import build_marker_model_dir
+
+pytestmark = pytest.mark.model
 
 CALL = {"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}
 # Outputs are steered with a one-choice grammar; its logprobs stay the model's raw values.
@@ -63,14 +66,12 @@ def steered(text: str, **body: object) -> dict:
 
 
 def create(app, body: dict) -> dict:
-    result = testing.TestClient(app).simulate_post("/v1/responses", json=body)
-    assert result.status_code == 200, result.text
-    return result.json
+    return http_json.post(app, "/v1/responses", body)
 
 
 def events(app, body: dict) -> list[dict]:
     _, text = stream_post(app, "/v1/responses", json={**body, "stream": True}, until=FINAL_USAGE)
-    return [json.loads(block.split("\ndata: ", 1)[1]) for block in text.strip().split("\n\n")]
+    return named_events(text)
 
 
 def items(response: dict, kind: str) -> list[dict]:

@@ -19,9 +19,12 @@ from adapters.http.app import create_app
 from adapters.http.serving import ModelHolder
 from domain.contract.records import Role
 from tests.integration.http.conftest import serve_tiny
+from tests.support import http_json
 from tests.support.asgi_stream import stream_post
 from tests.support.sse import json_frames
 from tests.support.tiny_serving import build_ending_model_dir
+
+pytestmark = pytest.mark.model
 
 NGRAM = (
     '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,'
@@ -76,9 +79,7 @@ def prompt(seed: int, vocab: int = 300) -> list[int]:
 
 
 def post(client, path: str = "/v1/completions", **body) -> dict:
-    result = client.simulate_post(path, json=body)
-    assert result.status_code == 200, result.text
-    return result.json
+    return http_json.post(client, path, body)
 
 
 def same_payload(plain: object, speculative: object, where: str = "$") -> None:

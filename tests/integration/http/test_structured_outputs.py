@@ -12,6 +12,8 @@ import pytest
 from tests.support.asgi_stream import stream_post
 from tests.support.sse import json_frames
 
+pytestmark = pytest.mark.model
+
 MESSAGES = [{"role": "user", "content": "the quick brown fox"}]
 # FP32 `logit - lse` against float64 log_softmax of transformers' FP32 logits.
 TOLERANCE = 2e-5

@@ -15,15 +15,17 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from falcon import testing
 
 from adapters.cli.serve_config import ServeConfig
 from adapters.http.app import create_app
 from adapters.http.serving import ModelHolder, ServedModel
 from tests.integration.http.conftest import parser_app, serve_tiny
 from tests.support.asgi_stream import stream_post
-from tests.support.sse import json_frames
+from tests.support.http_json import post
+from tests.support.sse import json_frames, named_events
 from tests.support.tiny_serving import build_thinking_model_dir
+
+pytestmark = pytest.mark.model
 
 MESSAGES = [{"role": "user", "content": "the quick brown fox"}]
 SCHEMA = {
@@ -67,12 +69,6 @@ def closed_by_budget(markers) -> dict:
 def closed_by_model(markers) -> dict:
     """The model writes `</think>` itself after a few free tokens (seeded draws)."""
     return {"logit_bias": {str(markers[0]): -100, str(markers[1]): 5}, "temperature": 1.0}
-
-
-def post(app, path: str, body: dict) -> dict:
-    result = testing.TestClient(app).simulate_post(path, json=body)
-    assert result.status_code == 200, result.text
-    return result.json
 
 
 def valid(text: str) -> bool:
@@ -204,7 +200,7 @@ def test_responses_give_a_reasoning_item_and_a_message_with_the_json(app, closed
         [e["logprob"] for e in chat["logprobs"]["content"]], abs=1e-6
     )
     _, text = stream_post(app, "/v1/responses", json={**body, "stream": True}, until=FINAL_USAGE)
-    events = [json.loads(block.split("\ndata: ", 1)[1]) for block in text.strip().split("\n\n")]
+    events = named_events(text)
     deltas = [e for e in events if e["type"] == "response.output_text.delta"]
     assert "".join(e["delta"] for e in deltas) == message["text"]
     assert [x for e in deltas for x in e["logprobs"]] == message["logprobs"]

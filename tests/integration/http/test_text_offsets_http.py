@@ -14,9 +14,12 @@ from adapters.http.app import create_app
 from adapters.http.serving import ModelHolder, ServedModel
 from tests.integration.http.conftest import serve_tiny
 from tests.support.asgi_stream import stream_post
+from tests.support.http_json import post
 from tests.support.sse import json_frames
 from tests.support.text_offsets import decoded, offsets_by_rule, slices_match_bytes
 from tests.support.tiny_serving import build_tiny_model_dir
+
+pytestmark = pytest.mark.model
 
 SEEDS = range(4)
 EMOJI = "\U0001f600".encode()
@@ -66,12 +69,6 @@ def _pieces(served: ServedModel, names: list[str]) -> list[bytes]:
     return [b"" if i in tokenizer.special_token_ids else tokenizer.token_bytes(i) for i in ids]
 
 
-def _post(api, path: str, body: dict) -> dict:
-    result = api.simulate_post(path, json=body)
-    assert result.status_code == 200, result.text
-    return result.json
-
-
 def _check(text: str, pieces: list[bytes], offsets: list[int]) -> None:
     assert text == decoded(b"".join(pieces))
     assert offsets == offsets_by_rule(pieces)
@@ -88,7 +85,7 @@ def test_completion_offsets_whole_and_streamed_index_the_text(api, app, served_m
             "logprobs": 0,
             "return_tokens_as_token_ids": True,
         }
-        choice = _post(api, "/v1/completions", body)["choices"][0]
+        choice = post(api, "/v1/completions", body)["choices"][0]
         logprobs = choice["logprobs"]
         pieces = _pieces(served_model, logprobs["tokens"])
         _check(choice["text"], pieces, logprobs["text_offset"])
@@ -124,7 +121,7 @@ def test_echoed_prompt_and_completion_offsets_index_the_echoed_text(api, served_
             "logprobs": 0,
             "return_tokens_as_token_ids": True,
         }
-        choice = _post(api, "/v1/completions", body)["choices"][0]
+        choice = post(api, "/v1/completions", body)["choices"][0]
         logprobs = choice["logprobs"]
         names, offsets = logprobs["tokens"], logprobs["text_offset"]
         prompt_pieces = _pieces(served_model, names[: len(prompt)])
@@ -150,7 +147,7 @@ def test_chat_bytes_concatenate_to_the_output_bytes(api, app, served_model):
             **_sampling(served_model, seed),
             "logprobs": True,
         }
-        choice = _post(api, "/v1/chat/completions", body)["choices"][0]
+        choice = post(api, "/v1/chat/completions", body)["choices"][0]
         content = choice["logprobs"]["content"]
         data = b"".join(bytes(entry["bytes"]) for entry in content)
         assert decoded(data) == choice["message"]["content"]

@@ -27,6 +27,8 @@ from tests.support.asgi_stream import stream_post
 from tests.support.sse import json_frames
 from tests.support.tiny_serving import build_thinking_model_dir
 
+pytestmark = pytest.mark.model
+
 PROMPT = "the quick brown fox<think>"
 MESSAGES = [{"role": "user", "content": "the quick brown fox"}]
 

@@ -10,6 +10,7 @@ from domain.contract.records import CompletionRecord, Role
 from domain.engine.step import ExecutorGeometry, SlotWork
 from domain.logprobs.values import LogprobOptions
 from domain.requests.sampling import SamplingParams
+from tests.support.geometry import fake_geometry
 
 VOCAB = 50
 
@@ -17,19 +18,14 @@ VOCAB = 50
 @pytest.fixture(params=["reference", "triton"])
 def backend(request) -> str:
     """The bundle behaves the same whichever reducer fills it."""
-    if request.param == "triton":
-        pytest.importorskip("triton")
     return request.param
 
 
 def geometry(top_k: int = 20, selects: bool = True) -> ExecutorGeometry:
-    return ExecutorGeometry(
-        capacity=8,
-        block_size=4,
+    return fake_geometry(
         num_blocks=8,
         vocab_size=VOCAB,
         max_model_len=32,
-        token_capacity=8,
         logprob_top_k=top_k,
         selects_logprob_ids=selects,
     )

@@ -348,6 +348,7 @@ def _assert_matches_reference(outcomes, name: str) -> None:
             assert got[slot, position, 2 : 2 + 2 * len(ids) : 2].tolist() == ids, where
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["natural_fp32", "natural_bf16", "narrow_frame", "wide_fp32"])
 def test_natural_alternatives_of_mixed_lanes_match_the_single_rank_reference(
     outcomes, name
@@ -355,6 +356,7 @@ def test_natural_alternatives_of_mixed_lanes_match_the_single_rank_reference(
     _assert_matches_reference(outcomes, name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["selected_fp32", "selected_bf16", "two_tiles_bf16"])
 def test_selected_ids_report_in_caller_order_as_the_reference_does(outcomes, name) -> None:
     _assert_matches_reference(outcomes, name)
@@ -367,6 +369,7 @@ def test_selected_ids_report_in_caller_order_as_the_reference_does(outcomes, nam
                 assert set(got[slot, 0, 2 + 2 * len(ids) :].tolist()) <= {SENTINEL}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["ties_fp32", "ties_bf16", "ties_everywhere"])
 def test_equal_values_at_the_cutoff_on_different_ranks_select_the_smallest_ids(
     outcomes, name
@@ -374,6 +377,7 @@ def test_equal_values_at_the_cutoff_on_different_ranks_select_the_smallest_ids(
     _assert_matches_reference(outcomes, name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["vocab_5_natural", "vocab_5_full", "vocab_2_full"])
 def test_a_vocabulary_smaller_than_k_pads_with_minus_one_even_with_an_empty_shard(
     outcomes, name
@@ -385,6 +389,7 @@ def test_a_vocabulary_smaller_than_k_pads_with_minus_one_even_with_an_empty_shar
         assert tail == [-1, 0] * (NATURAL_TOP_K - vocab)
 
 
+@pytest.mark.slow
 def test_shards_holding_only_minus_infinity_leave_the_normalizer_finite(outcomes) -> None:
     _assert_matches_reference(outcomes, "one_finite_shard")
     for _, _, got in _produced(outcomes, "one_finite_shard"):
@@ -392,6 +397,7 @@ def test_shards_holding_only_minus_infinity_leave_the_normalizer_finite(outcomes
         assert bits_to_float(int(got[0, 0, 1])) == -math.inf
 
 
+@pytest.mark.slow
 def test_every_exchange_carries_256_fp32_words_per_requesting_position_per_rank(
     outcomes,
 ) -> None:
@@ -404,6 +410,7 @@ def test_every_exchange_carries_256_fp32_words_per_requesting_position_per_rank(
             assert results[name]["calls"] == [expected, expected], (name, world, rank)
 
 
+@pytest.mark.slow
 def test_without_a_requesting_row_no_rank_exchanges_or_writes(outcomes) -> None:
     for (world, rank), results in outcomes.items():
         assert results["nobody_requests"]["calls"] == [], (world, rank)
@@ -411,6 +418,7 @@ def test_without_a_requesting_row_no_rank_exchanges_or_writes(outcomes) -> None:
         assert set(got.flatten().tolist()) == {SENTINEL}
 
 
+@pytest.mark.slow
 def test_every_rank_writes_the_same_packed_output(outcomes) -> None:
     for name in SCENARIOS:
         by_world: dict[int, torch.Tensor] = {}
@@ -419,6 +427,7 @@ def test_every_rank_writes_the_same_packed_output(outcomes) -> None:
             assert torch.equal(got, first), (name, world, rank)
 
 
+@pytest.mark.slow
 def test_a_reducer_told_the_wrong_rank_refuses_before_any_exchange(outcomes) -> None:
     for results in outcomes.values():
         assert results["misplaced_rank"] is not None

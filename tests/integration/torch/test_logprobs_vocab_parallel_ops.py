@@ -11,8 +11,6 @@ if not torch.cuda.is_available():
     # Without a GPU the kernels run in Triton's interpreter, which must be chosen before import.
     os.environ["TRITON_INTERPRET"] = "1"
 
-pytest.importorskip("triton")
-
 from adapters.gpu.distributed.shards import shard_range  # noqa: E402
 from adapters.gpu.logprobs.keys import CANDIDATES_PER_TILE  # noqa: E402
 from adapters.gpu.logprobs.normalizer import LSE_TILE  # noqa: E402
@@ -115,12 +113,14 @@ def ranks(tmp_path_factory) -> dict[tuple[int, int], dict]:
     return spawn_worlds(_worker, (WORLD,), tmp_path_factory)
 
 
+@pytest.mark.slow
 def test_the_ops_are_registered_by_preparing_a_reducer_not_by_importing_it(ranks) -> None:
     for rank in range(WORLD):
         assert ranks[WORLD, rank]["registered_after_import"] == [False, False, False], rank
         assert ranks[WORLD, rank]["registered_after_reserve"] == [True, True, True], rank
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", tuple(CASES))
 def test_the_reducer_through_the_ops_writes_the_torch_stages_words_on_two_gloo_ranks(
     ranks, name

@@ -20,6 +20,8 @@ from tests.integration.torch.test_logprobs_vocab_parallel import (
 )
 from tests.support.gloo import gloo_rank, record_each, spawn_worlds
 
+pytestmark = pytest.mark.slow
+
 WORLD_SIZES = (2, 3)
 # 130 tiles: 65 per shard on 2 ranks, so exchange 1's pairs reach past every word that
 # exchange 2 writes (keys and values end at word 96, selected logits at 128).

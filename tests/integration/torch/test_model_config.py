@@ -78,6 +78,7 @@ def test_llama3_scaling_defaults_its_original_context_to_max_positions(tmp_path:
     assert config.rope_scaling["original_max_position_embeddings"] == 2048
 
 
+@pytest.mark.model
 def test_qwen2_has_qkv_bias_but_no_output_bias_and_windows_on_late_layers(tmp_path: Path) -> None:
     config = ModelConfig.from_dir(
         write_config(
@@ -95,6 +96,7 @@ def test_qwen2_has_qkv_bias_but_no_output_bias_and_windows_on_late_layers(tmp_pa
     assert config.sliding_windows == (None, None, 128)
 
 
+@pytest.mark.model
 def test_qwen2_window_is_ignored_unless_use_sliding_window_is_set(tmp_path: Path) -> None:
     config = ModelConfig.from_dir(
         write_config(tmp_path, architectures=["Qwen2ForCausalLM"], sliding_window=128)
@@ -103,6 +105,7 @@ def test_qwen2_window_is_ignored_unless_use_sliding_window_is_set(tmp_path: Path
     assert config.sliding_windows == (None, None, None)
 
 
+@pytest.mark.model
 def test_mistral_window_applies_to_every_layer(tmp_path: Path) -> None:
     config = ModelConfig.from_dir(
         write_config(tmp_path, architectures=["MistralForCausalLM"], sliding_window=4096)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+import transformers
 
 from adapters.gpu.loading.weights import load_model
 from adapters.gpu.model.config import ModelConfig
@@ -15,8 +16,6 @@ from adapters.gpu.model.decoder import DecoderModel
 from adapters.gpu.model.forward_batch import ForwardBatch, SequenceChunk
 from adapters.gpu.model.kv_cache import PagedKVCache
 from tests.support.tiny_models import build_tiny_llama, build_tiny_mistral, build_tiny_qwen2
-
-transformers = pytest.importorskip("transformers")
 
 VOCAB_SIZE = 320
 BLOCK_SIZE = 4
@@ -106,6 +105,7 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> Non
     assert difference <= ATOL, f"{what}: max |ours - transformers| = {difference:.3g} > {ATOL}"
 
 
+@pytest.mark.model
 def test_full_prefill_of_one_sequence_matches_transformers(pair: Pair) -> None:
     """Every row of a one-forward prefill equals transformers' logits at that position."""
     tokens = random_tokens(23, seed=10)
@@ -116,6 +116,7 @@ def test_full_prefill_of_one_sequence_matches_transformers(pair: Pair) -> None:
     assert_close(logits, pair.reference_logits(tokens), "full prefill")
 
 
+@pytest.mark.model
 def test_chunked_prefill_matches_transformers(pair: Pair) -> None:
     """A prompt fed in chunks of 3, 5, 1, 4 and 7 tokens gives the one-shot logits."""
     tokens = random_tokens(20, seed=11)
@@ -132,6 +133,7 @@ def test_chunked_prefill_matches_transformers(pair: Pair) -> None:
     assert_close(torch.cat(rows), pair.reference_logits(tokens), "chunked prefill")
 
 
+@pytest.mark.model
 def test_token_by_token_decode_after_prefill_matches_transformers(pair: Pair) -> None:
     """After a 6-token prefill, each single-token forward equals transformers' next row."""
     tokens = random_tokens(19, seed=12)
@@ -145,6 +147,7 @@ def test_token_by_token_decode_after_prefill_matches_transformers(pair: Pair) ->
     assert_close(torch.cat(rows), pair.reference_logits(tokens), "decode")
 
 
+@pytest.mark.model
 def test_greedy_decode_of_the_tiny_model_produces_varied_tokens(pair: Pair) -> None:
     """The builders' wide init makes greedy decoding leave a single repeated token."""
     tokens = random_tokens(4, seed=13)
@@ -189,6 +192,7 @@ class Stream:
         return chunk
 
 
+@pytest.mark.model
 def test_mixed_batch_of_prompt_chunks_and_decode_rows_matches_transformers(pair: Pair) -> None:
     """Sequences of different lengths share forwards where some rows are prompt chunks and
     others decode rows; block tables are interleaved and shuffled. Every row matches."""
@@ -243,6 +247,7 @@ def test_last_rows_point_at_each_chunks_final_token() -> None:
     assert batch.slot_mapping.tolist() == [0, 1, 2, 2 * BLOCK_SIZE + 3, 14, 15]
 
 
+@pytest.mark.model
 def test_blocks_for_budget_counts_whole_blocks_of_every_layer() -> None:
     """A block holds keys and values of every layer: 2 * layers * kv_heads * head_dim
     elements per token; the budget buys only whole blocks."""

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
+from transformers import modeling_rope_utils as rope_utils
 
 from adapters.gpu.loading.weights import load_model
 from adapters.gpu.model.config import ModelConfig
@@ -19,9 +21,6 @@ from adapters.gpu.model.rope import (
     inverse_frequencies,
 )
 from tests.support.tiny_models import build_tiny_llama
-
-transformers = pytest.importorskip("transformers")
-rope_utils = pytest.importorskip("transformers.modeling_rope_utils")
 
 VOCAB_SIZE = 320
 BLOCK_SIZE = 4
@@ -141,6 +140,7 @@ def _decode_token_by_token(model_dir: Path, tokens: list[int]) -> torch.Tensor:
     return torch.cat(rows)
 
 
+@pytest.mark.model
 def test_dynamic_ntk_decode_past_the_context_matches_transformers_incremental_decode(
     tmp_path: Path,
 ) -> None:
@@ -167,6 +167,7 @@ def test_dynamic_ntk_decode_past_the_context_matches_transformers_incremental_de
     torch.testing.assert_close(actual, torch.cat(expected), rtol=0, atol=1e-4)
 
 
+@pytest.mark.model
 def test_yarn_scaled_model_prefill_matches_transformers(tmp_path: Path) -> None:
     """YaRN's attention factor scales cos/sin; the whole model agrees with transformers."""
     model_dir = build_tiny_llama(

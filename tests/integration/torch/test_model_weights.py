@@ -14,8 +14,6 @@ from adapters.gpu.model.forward_batch import ForwardBatch, SequenceChunk
 from adapters.gpu.model.kv_cache import PagedKVCache
 from tests.support.tiny_models import build_tiny_llama, build_tiny_qwen2
 
-pytest.importorskip("transformers")
-
 VOCAB_SIZE = 300
 BLOCK_SIZE = 4
 CPU = torch.device("cpu")
@@ -28,6 +26,7 @@ def prefill_logits(model_dir: Path, tokens: tuple[int, ...]) -> torch.Tensor:
     return model.compute_logits(model(batch, cache))
 
 
+@pytest.mark.model
 def test_sharded_checkpoint_loads_the_same_weights_as_a_single_file(tmp_path: Path) -> None:
     single = build_tiny_qwen2(tmp_path / "single", vocab_size=VOCAB_SIZE)
     sharded = build_tiny_qwen2(tmp_path / "sharded", vocab_size=VOCAB_SIZE, max_shard_size="60KB")
@@ -38,6 +37,7 @@ def test_sharded_checkpoint_loads_the_same_weights_as_a_single_file(tmp_path: Pa
     assert torch.equal(prefill_logits(single, tokens), prefill_logits(sharded, tokens))
 
 
+@pytest.mark.model
 def test_missing_tensor_is_named_in_the_error(tmp_path: Path) -> None:
     model_dir = build_tiny_llama(tmp_path, vocab_size=VOCAB_SIZE)
     tensors = load_file(model_dir / "model.safetensors")
@@ -48,6 +48,7 @@ def test_missing_tensor_is_named_in_the_error(tmp_path: Path) -> None:
         load_model(model_dir, dtype=torch.float32, device=CPU)
 
 
+@pytest.mark.model
 def test_untied_checkpoint_without_lm_head_is_refused(tmp_path: Path) -> None:
     model_dir = build_tiny_llama(tmp_path, vocab_size=VOCAB_SIZE, tie_word_embeddings=False)
     tensors = load_file(model_dir / "model.safetensors")
@@ -58,6 +59,7 @@ def test_untied_checkpoint_without_lm_head_is_refused(tmp_path: Path) -> None:
         load_model(model_dir, dtype=torch.float32, device=CPU)
 
 
+@pytest.mark.model
 def test_tied_model_shares_one_tensor_for_embedding_and_lm_head(tmp_path: Path) -> None:
     model_dir = build_tiny_llama(tmp_path, vocab_size=VOCAB_SIZE, tie_word_embeddings=True)
 
@@ -66,6 +68,7 @@ def test_tied_model_shares_one_tensor_for_embedding_and_lm_head(tmp_path: Path) 
     assert model.lm_head_weight.data_ptr() == model.embed_weight.data_ptr()
 
 
+@pytest.mark.model
 def test_weights_are_cast_to_the_requested_dtype(tmp_path: Path) -> None:
     model_dir = build_tiny_llama(tmp_path, vocab_size=VOCAB_SIZE)
 
@@ -78,6 +81,7 @@ def test_weights_are_cast_to_the_requested_dtype(tmp_path: Path) -> None:
     assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
 
 
+@pytest.mark.model
 def test_missing_weights_file_is_reported(tmp_path: Path) -> None:
     model_dir = build_tiny_llama(tmp_path, vocab_size=VOCAB_SIZE)
     (model_dir / "model.safetensors").unlink()
@@ -86,6 +90,7 @@ def test_missing_weights_file_is_reported(tmp_path: Path) -> None:
         load_model(model_dir, dtype=torch.float32, device=CPU)
 
 
+@pytest.mark.model
 def test_shard_listed_in_the_index_but_absent_is_reported(tmp_path: Path) -> None:
     model_dir = build_tiny_llama(tmp_path, vocab_size=VOCAB_SIZE, max_shard_size="60KB")
     index = json.loads((model_dir / "model.safetensors.index.json").read_text())
@@ -113,6 +118,7 @@ def test_malformed_chunks_are_refused(
         SequenceChunk(token_ids, start_position, block_table)
 
 
+@pytest.mark.model
 def test_forward_refuses_blocks_outside_the_cache_and_tokens_outside_the_vocabulary(
     tmp_path: Path,
 ) -> None:

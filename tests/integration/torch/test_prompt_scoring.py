@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+import transformers
 
 from adapters.gpu.logprobs.normalizer import combine_tiles, tile_statistics
 from adapters.gpu.scoring.prompt_scorer import PROJECTION_ROWS, PromptScorer
@@ -19,8 +20,6 @@ from domain.logprobs.prompt_scores import (
 )
 from domain.logprobs.values import NATURAL_TOP_K, NO_TOKEN, bits_to_float
 from tests.support.tiny_models import build_tiny_llama
-
-transformers = pytest.importorskip("transformers")
 
 # Three vocabulary tiles (the last one short), so the tiled normalization is really combined.
 VOCAB_SIZE = 2500
@@ -83,6 +82,7 @@ def top_twenty(values: torch.Tensor) -> list[tuple[int, int]]:
     return [(lane, bits[lane]) for lane in order[:NATURAL_TOP_K]]
 
 
+@pytest.mark.model
 def test_scores_equal_float64_log_softmax_of_transformers_logits(
     scored: Scored, rows: torch.Tensor
 ) -> None:
@@ -97,6 +97,7 @@ def test_scores_equal_float64_log_softmax_of_transformers_logits(
             assert alternative.logprob == pytest.approx(expected, abs=ATOL)
 
 
+@pytest.mark.model
 def test_logprob_bits_and_ranks_are_exact_on_the_reported_fp32_values(
     scored: Scored, rows: torch.Tensor
 ) -> None:
@@ -109,6 +110,7 @@ def test_logprob_bits_and_ranks_are_exact_on_the_reported_fp32_values(
         assert rows[position, 2].item() == 1 + greater
 
 
+@pytest.mark.model
 def test_alternatives_are_the_best_twenty_by_value_then_id(
     scored: Scored, rows: torch.Tensor
 ) -> None:
@@ -118,12 +120,14 @@ def test_alternatives_are_the_best_twenty_by_value_then_id(
         assert [tuple(pair) for pair in pairs] == top_twenty(values[position])
 
 
+@pytest.mark.model
 def test_the_prompt_end_row_is_invalid(rows: torch.Tensor) -> None:
     last = rows[PROMPT_LENGTH - 1].tolist()
     assert last == [NO_TOKEN, INVALID_BITS, 0] + [NO_TOKEN, 0] * NATURAL_TOP_K
     assert unpack_prompt_row(last) is None
 
 
+@pytest.mark.model
 def test_project_never_sees_more_than_64_rows(scored: Scored) -> None:
     assert PROJECTION_ROWS == 64
     scored.calls.clear()

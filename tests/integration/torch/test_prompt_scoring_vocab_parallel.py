@@ -278,6 +278,7 @@ def _reported(logits: torch.Tensor) -> torch.Tensor:
     return logits - combine_tiles(*tile_statistics(logits))[:, None]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_every_rank_writes_the_single_rank_scorers_rows_word_for_word(outcomes, name) -> None:
     scenario = SCENARIOS[name]()
@@ -291,6 +292,7 @@ def test_every_rank_writes_the_single_rank_scorers_rows_word_for_word(outcomes, 
             assert got[row, 2].item() == rank_expected, (name, row)
 
 
+@pytest.mark.slow
 def test_equal_values_on_different_ranks_order_by_id_and_never_count_as_greater(
     outcomes,
 ) -> None:
@@ -310,6 +312,7 @@ def test_equal_values_on_different_ranks_order_by_id_and_never_count_as_greater(
         assert len(set(bits)) == 1
 
 
+@pytest.mark.slow
 def test_ties_made_by_subtracting_the_normalizer_rank_both_tokens_first(outcomes) -> None:
     values = _reported(_subtraction_ties().logits)
     assert values[0, 10] == values[0, 4000], "the tie this test needs did not form"
@@ -318,6 +321,7 @@ def test_ties_made_by_subtracting_the_normalizer_rank_both_tokens_first(outcomes
         assert got[0, 1].item() == got[1, 1].item()
 
 
+@pytest.mark.slow
 def test_a_vocabulary_smaller_than_twenty_pads_alternatives_with_minus_one(outcomes) -> None:
     for name, vocab in (("small_vocabulary", 7), ("one_token", 1)):
         for _, _, got in _produced(outcomes, name):
@@ -326,6 +330,7 @@ def test_a_vocabulary_smaller_than_twenty_pads_alternatives_with_minus_one(outco
                 assert tail == [NO_TOKEN, 0] * (NATURAL_TOP_K - vocab), (name, row)
 
 
+@pytest.mark.slow
 def test_a_reported_negative_zero_keeps_its_sign_bit(outcomes) -> None:
     for name in ("negative_zero", "one_token"):
         for _, _, got in _produced(outcomes, name):
@@ -333,6 +338,7 @@ def test_a_reported_negative_zero_keeps_its_sign_bit(outcomes) -> None:
             assert got[0, 4].item() == NEGATIVE_ZERO_BITS, name
 
 
+@pytest.mark.slow
 def test_invalid_targets_write_invalid_rows_and_rows_past_the_chunk_stay_unwritten(
     outcomes,
 ) -> None:
@@ -346,6 +352,7 @@ def test_invalid_targets_write_invalid_rows_and_rows_past_the_chunk_stay_unwritt
             assert got[len(scenario.targets) :].eq(SENTINEL).all(), name
 
 
+@pytest.mark.slow
 def test_each_exchange_carries_64_int32_words_per_row_per_rank(outcomes) -> None:
     assert EXCHANGE_WORDS == 64
     for name, build in SCENARIOS.items():
@@ -359,6 +366,7 @@ def test_each_exchange_carries_64_int32_words_per_row_per_rank(outcomes) -> None
             assert results[name]["calls"] == expected, (name, world, rank)
 
 
+@pytest.mark.slow
 def test_project_never_sees_more_than_64_rows(outcomes) -> None:
     for (world, rank), results in outcomes.items():
         assert results["random_rows"]["projected"] == [64, 64, 22], (world, rank)
@@ -366,12 +374,14 @@ def test_project_never_sees_more_than_64_rows(outcomes) -> None:
             assert max(results[name]["projected"]) <= PROJECTION_ROWS, (name, world, rank)
 
 
+@pytest.mark.slow
 def test_a_scorer_told_the_wrong_rank_or_given_a_narrow_projection_refuses(outcomes) -> None:
     for (world, rank), results in outcomes.items():
         assert "the group has rank" in (results["misplaced_rank"] or ""), (world, rank)
         assert "project returned" in (results["narrow_projection"] or ""), (world, rank)
 
 
+@pytest.mark.slow
 def test_a_vocabulary_of_151936_ids_is_scored_on_2_and_3_ranks_like_one_rank(outcomes) -> None:
     # Before runs of tiles were grouped, every rank refused this vocabulary at construction.
     scenario = _wide_vocabulary()
@@ -394,6 +404,7 @@ def test_a_vocabulary_of_151936_ids_is_scored_on_2_and_3_ranks_like_one_rank(out
         assert all(torch.equal(words[0], other) for other in words[1:]), world
 
 
+@pytest.mark.slow
 def test_a_wide_vocabulary_still_exchanges_64_words_per_row_per_rank(outcomes) -> None:
     rows = len(_wide_vocabulary().targets)
     for (world, rank), results in outcomes.items():

@@ -103,6 +103,7 @@ def outcomes(tmp_path_factory) -> dict:
     return spawn_worlds(_worker, (2, 3), tmp_path_factory)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SCENARIOS)
 @pytest.mark.parametrize("world", [2, 3])
 def test_every_rank_chooses_what_whole_rows_choose(outcomes, world, name):
@@ -113,10 +114,12 @@ def test_every_rank_chooses_what_whole_rows_choose(outcomes, world, name):
         assert found["chosen"] == expected
 
 
+@pytest.mark.slow
 def test_equal_maxima_in_several_shards_go_to_the_lowest_id(outcomes):
     assert outcomes[3, 2]["ties"]["chosen"] == [100 + row for row in range(ROWS)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_candidates_settle_top_k_top_p_and_min_p_without_gathering_rows(outcomes, world):
     for rank in range(world):
@@ -127,6 +130,7 @@ def test_candidates_settle_top_k_top_p_and_min_p_without_gathering_rows(outcomes
         assert results["widest"]["sampling"] == CUTOFF_CANDIDATES + 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_rows_the_candidates_cannot_settle_are_gathered_and_counted(outcomes, world):
     for rank in range(world):

@@ -41,6 +41,8 @@ from tests.support.tiny_serving import (
     build_parallel_model_dir,
 )
 
+pytestmark = [pytest.mark.model, pytest.mark.slow]
+
 BUDGET = 32
 CAPABILITY = LogprobCapability(
     top_k=NATURAL_TOP_K, selects_ids=True, scored_capacities=scored_capacities(BUDGET)

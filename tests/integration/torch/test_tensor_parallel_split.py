@@ -88,6 +88,7 @@ class _NoCollectives(Collectives):
         super().__init__()
 
 
+@pytest.mark.model
 def test_each_rank_loads_exactly_its_slices_of_every_tensor(tmp_path):
     directory = build_tiny_llama(
         tmp_path,

@@ -31,7 +31,7 @@ from tests.support.draining import drain
 from tests.support.tiny_models import build_tiny_qwen2
 from tests.support.tokenizers import build_listed_byte_level
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.model]
 
 WIDE_VOCAB = 151_936
 BUDGET = 32

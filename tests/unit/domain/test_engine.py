@@ -9,11 +9,14 @@ import pytest
 from domain.common.errors import InvalidRequestError
 from domain.emission.outputs import ChoiceDelta, RequestEnd
 from domain.engine.engine import Engine, EngineConfig
-from domain.engine.step import ExecutorGeometry, FrameResult
+from domain.engine.step import FrameResult
 from domain.logprobs.rules import LogprobAsk
 from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams
 from tests.fakes import FAKE_EOS, FakeExecutor, FakeTokenizer, next_token
+from tests.support.draining import channel_items
+from tests.support.draining import drain as drain_engine
+from tests.support.geometry import fake_geometry
 
 
 def make_engine(
@@ -25,33 +28,20 @@ def make_engine(
     budget: int = 32,
     eos_after: int | None = None,
 ) -> tuple[Engine, FakeExecutor]:
-    geometry = ExecutorGeometry(
+    geometry = fake_geometry(
+        logprobs=False,
         capacity=capacity,
         block_size=block_size,
         num_blocks=num_blocks,
-        vocab_size=64,
         max_model_len=max_model_len,
-        token_capacity=8,
     )
     executor = FakeExecutor(geometry, eos_after=eos_after)
     engine = Engine(executor, FakeTokenizer(), EngineConfig(max_num_batched_tokens=budget))
     return engine, executor
 
 
-def run(engine: Engine, requests: list[EngineRequest]) -> dict[str, list]:
-    channels = {r.request_id: engine.submit(r) for r in requests}
-    for _ in range(10_000):
-        if not engine.has_work():
-            break
-        engine.step()
-    return {rid: drain(channel) for rid, channel in channels.items()}
-
-
-def drain(channel) -> list:
-    items = []
-    while (item := channel.get_nowait()) is not None:
-        items.append(item)
-    return items
+def run(engine: Engine, requests: list[EngineRequest], failing=()) -> dict[str, list]:
+    return drain_engine(engine, requests, failing)
 
 
 def tokens_of(items: list, index: int = 0) -> list[int]:
@@ -183,7 +173,7 @@ def test_abort_frees_the_slot_and_blocks_at_once():
     engine.abort("a")
     engine.step()
 
-    items = drain(channel)
+    items = channel_items(channel)
     assert [i for i in items if isinstance(i, ChoiceDelta)][-1].finish_reason == "abort"
     assert isinstance(items[-1], RequestEnd)
     assert engine.scheduler.num_free_blocks == 64 and engine.scheduler.num_free_slots == 8
@@ -218,22 +208,13 @@ def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving():
 
     items = run(engine, [request("b", 5, 3)])
 
-    end = drain(failed)[-1]
+    end = channel_items(failed)[-1]
     assert isinstance(end, RequestEnd) and "boom" in end.error
     assert tokens_of(items["b"]) == expected_tokens(request("b", 5, 3).prompt_token_ids, 3)
 
 
 def test_max_logprobs_caps_requests_below_the_cores_k():
-    geometry = ExecutorGeometry(
-        capacity=8,
-        block_size=4,
-        num_blocks=64,
-        vocab_size=64,
-        max_model_len=64,
-        token_capacity=8,
-        logprob_top_k=20,
-        selects_logprob_ids=True,
-    )
+    geometry = fake_geometry()
     engine = Engine(FakeExecutor(geometry), FakeTokenizer(), EngineConfig(max_logprobs=3))
     asks = EngineRequest("a", (1, 2), SamplingParams(), logprobs=LogprobAsk(wanted=True, count=4))
 
@@ -256,22 +237,13 @@ class PayloadDroppingExecutor:
 
 
 def test_a_requesting_lane_without_logprob_payload_fails_that_request_only():
-    geometry = ExecutorGeometry(
-        capacity=8,
-        block_size=4,
-        num_blocks=64,
-        vocab_size=64,
-        max_model_len=64,
-        token_capacity=8,
-        logprob_top_k=20,
-        selects_logprob_ids=True,
-    )
+    geometry = fake_geometry()
     engine = Engine(PayloadDroppingExecutor(FakeExecutor(geometry)), FakeTokenizer())
     asks = EngineRequest(
         "asks", (1, 2), SamplingParams(max_tokens=3), logprobs=LogprobAsk(wanted=True, count=2)
     )
 
-    outputs = run(engine, [asks, request("plain", 4, 3)])
+    outputs = run(engine, [asks, request("plain", 4, 3)], failing={"asks"})
 
     assert "logprobs were requested" in outputs["asks"][-1].error
     assert outputs["plain"][-1].error is None and len(tokens_of(outputs["plain"])) == 3

@@ -18,22 +18,16 @@ from tests.fakes import (
     ManualClock,
     RecordingObserver,
 )
+from tests.support.draining import step_until_idle
+from tests.support.geometry import fake_geometry
 
 NUM_BLOCKS = 64
 BLOCK_SIZE = 4
 
 
 def geometry(**overrides) -> ExecutorGeometry:
-    settings = dict(
-        capacity=8,
-        block_size=BLOCK_SIZE,
-        num_blocks=NUM_BLOCKS,
-        vocab_size=64,
-        max_model_len=64,
-        token_capacity=8,
-    )
-    settings.update(overrides)
-    return ExecutorGeometry(**settings)
+    sizes = {"block_size": BLOCK_SIZE, "num_blocks": NUM_BLOCKS, **overrides}
+    return fake_geometry(logprobs=False, **sizes)
 
 
 def observed_engine(
@@ -59,14 +53,6 @@ def request(rid: str, prompt_len: int, max_tokens: int | None, **fields) -> Engi
     prompt = tuple(1 + (i * 5 + len(rid)) % 60 for i in range(prompt_len))
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     return EngineRequest(rid, prompt, params, **fields)
-
-
-def run_until_idle(engine: Engine) -> None:
-    for _ in range(10_000):
-        if not engine.has_work():
-            return
-        engine.step()
-    raise AssertionError("the engine never went idle")
 
 
 def test_latencies_are_measured_from_arrival_with_the_injected_clock():
@@ -98,7 +84,7 @@ def test_the_state_after_each_step_counts_running_and_waiting_sequences_and_held
 
     # 5 prompt positions of 4 per block hold 2 of the 64 blocks.
     assert observer.state == SchedulerState(running=1, waiting=1, kv_cache_usage=2 / NUM_BLOCKS)
-    run_until_idle(engine)
+    step_until_idle(engine)
     assert observer.state == SchedulerState(0, 0, 0.0)
 
 
@@ -107,7 +93,7 @@ def test_steps_that_change_nothing_are_not_reported():
 
     engine.step()
     engine.submit(request("a", 3, 2))
-    run_until_idle(engine)
+    step_until_idle(engine)
     reported = len(observer.steps)
     engine.step()
     engine.step()
@@ -121,7 +107,7 @@ def test_a_stop_token_finishes_the_choice_with_stop():
     stopping = EngineRequest("a", (3, 4, 5), SamplingParams(max_tokens=10))
 
     engine.submit(stopping)
-    run_until_idle(engine)
+    step_until_idle(engine)
 
     assert [f.reason for f in observer.observed("finished")] == ["stop"]
     assert observer.total("generation_tokens") == 3  # two tokens, then the stop token
@@ -131,7 +117,7 @@ def test_every_choice_of_a_request_is_counted_as_vllm_counts_child_requests():
     engine, observer, _ = observed_engine()
 
     engine.submit(request("a", 4, 3, n=3))
-    run_until_idle(engine)
+    step_until_idle(engine)
 
     assert observer.total("prompt_tokens") == 3 * 4
     assert observer.total("generation_tokens") == 3 * 3
@@ -150,7 +136,7 @@ def test_an_abort_while_waiting_finishes_with_abort_and_no_queue_time_or_prompt(
 
     clock.now = 12.0
     engine.abort("waiting")
-    run_until_idle(engine)
+    step_until_idle(engine)
 
     finished = observer.observed("finished")
     assert FinishedChoice("abort", 2.0) in finished and len(finished) == 2
@@ -165,7 +151,7 @@ def test_an_abort_of_a_running_request_keeps_the_tokens_it_generated():
     engine.step()
 
     engine.abort("a")
-    run_until_idle(engine)
+    step_until_idle(engine)
 
     assert [f.reason for f in observer.observed("finished")] == ["abort"]
     assert observer.total("generation_tokens") == 2
@@ -180,7 +166,7 @@ def test_a_failed_step_finishes_its_choices_with_error():
 
     executor.submit = failing_submit
     engine.submit(request("a", 5, 3))
-    run_until_idle(engine)
+    step_until_idle(engine)
 
     assert [f.reason for f in observer.observed("finished")] == ["error"]
     assert observer.total("generation_tokens") == 0
@@ -194,7 +180,7 @@ def test_preemptions_are_reported_once_each_and_re_prefills_add_no_prompt_tokens
 
     for r in requests:
         engine.submit(r)
-    run_until_idle(engine)
+    step_until_idle(engine)
 
     # Every admission starts a chunk at position 0: one per request, then one per preemption.
     admissions = sum(w.start_position == 0 for plan in executor.plans for w in plan.works)
@@ -211,7 +197,7 @@ def test_logprob_positions_and_payload_bytes_come_from_what_the_frames_carried()
 
     engine.submit(asks)
     engine.submit(request("plain", 4, 3))
-    run_until_idle(engine)
+    step_until_idle(engine)
 
     assert observer.total("logprob_positions") == 3
     assert observer.total("logprob_payload_bytes") == 3 * FAKE_POSITION_BYTES
@@ -221,7 +207,7 @@ def test_scored_prompt_rows_are_counted_once_per_position_with_a_target():
     engine, observer, _ = observed_engine(scored_capacities=(32,))
 
     engine.submit(request("scored", 6, 2, logprobs=LogprobAsk(prompt_logprobs=1)))
-    run_until_idle(engine)
+    step_until_idle(engine)
 
     assert observer.total("prompt_rows_scored") == 6 - 1
     # The scored read copies every fed row, the last one (no target) included.
@@ -235,7 +221,7 @@ def test_a_prefill_only_request_counts_its_prompt_and_ends_with_length_without_t
     engine.submit(
         request("echo", 6, 1, n=2, logprobs=LogprobAsk(prompt_logprobs=1), prefill_only=True)
     )
-    run_until_idle(engine)
+    step_until_idle(engine)
 
     # Choice 0 scores the prompt; choice 1 waited for it and ends unscheduled.
     assert observer.total("prompt_tokens") == 6
@@ -254,7 +240,7 @@ def test_an_observer_that_raises_never_stops_the_engine(caplog: pytest.LogCaptur
     engine = Engine(executor, FakeTokenizer(), observer=Broken())
 
     channel = engine.submit(request("a", 4, 3))
-    run_until_idle(engine)
+    step_until_idle(engine)
 
     items = []
     while (item := channel.get_nowait()) is not None:

@@ -13,7 +13,6 @@ import json
 from collections.abc import Sequence
 
 from domain.engine.engine import Engine, EngineConfig
-from domain.engine.step import ExecutorGeometry
 from domain.reasoning.thinking import ThinkingBudget, ThinkingMarkers
 from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams
@@ -21,6 +20,7 @@ from domain.speculation.drafts import SpeculativeConfig, SpeculativeMethod
 from domain.structured.grammar import GrammarKind, GrammarSpec
 from tests.fakes import FAKE_EOS, FakeExecutor, FakeGrammarCompiler, FakeTokenizer, next_token
 from tests.support.draining import drain
+from tests.support.geometry import fake_geometry
 from tests.unit.domain.test_thinking_budget import tokens_of
 
 START = (60,)
@@ -62,16 +62,7 @@ def copying_closer(context: Sequence[int], vocab_size: int) -> int:
 def make_engine(
     model, *, speculative=None, num_blocks: int = 64, max_model_len: int = 48
 ) -> tuple[Engine, FakeExecutor]:
-    geometry = ExecutorGeometry(
-        capacity=8,
-        block_size=2,
-        num_blocks=num_blocks,
-        vocab_size=64,
-        max_model_len=max_model_len,
-        token_capacity=8,
-        logprob_top_k=20,
-        selects_logprob_ids=True,
-    )
+    geometry = fake_geometry(block_size=2, num_blocks=num_blocks, max_model_len=max_model_len)
     compiler = FakeGrammarCompiler()
     executor = FakeExecutor(geometry, model=model, grammars=compiler)
     config = EngineConfig(max_num_batched_tokens=64, speculative=speculative)

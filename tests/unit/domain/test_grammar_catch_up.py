@@ -93,16 +93,12 @@ def letter(token_id: int) -> str:
 
 
 def test_the_fake_restarts_a_matcher_at_position_zero_as_the_grammar_lanes_do():
-    from domain.engine.step import ExecutorGeometry, StepPlan
+    from domain.engine.step import StepPlan
     from tests.fakes import FakeExecutor, FakeGrammarCompiler
+    from tests.support.geometry import fake_geometry
 
-    geometry = ExecutorGeometry(
-        capacity=2,
-        block_size=4,
-        num_blocks=16,
-        vocab_size=64,
-        max_model_len=32,
-        token_capacity=4,
+    geometry = fake_geometry(
+        logprobs=False, capacity=2, num_blocks=16, max_model_len=32, token_capacity=4
     )
     executor = FakeExecutor(geometry, grammars=FakeGrammarCompiler())
 

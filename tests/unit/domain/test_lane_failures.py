@@ -6,23 +6,14 @@ import json
 
 from domain.emission.outputs import ChoiceDelta, RequestEnd
 from domain.engine.engine import Engine, EngineConfig
-from domain.engine.step import ExecutorGeometry
 from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams
 from domain.structured.grammar import GrammarKind, GrammarSpec
 from tests.fakes import FakeExecutor, FakeGrammarCompiler, FakeTokenizer
 from tests.support.draining import drain
+from tests.support.geometry import fake_geometry
 
-GEOMETRY = ExecutorGeometry(
-    capacity=8,
-    block_size=2,
-    num_blocks=96,
-    vocab_size=64,
-    max_model_len=64,
-    token_capacity=8,
-    logprob_top_k=20,
-    selects_logprob_ids=True,
-)
+GEOMETRY = fake_geometry(block_size=2, num_blocks=96)
 # The fake grammar breaks after this many tokens: a choice of 12 letters passes admission and
 # fails mid-output, as an llguidance grammar that outgrows a row limit does.
 ROW_LIMIT = 4

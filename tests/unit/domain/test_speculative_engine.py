@@ -15,13 +15,14 @@ import pytest
 from domain.contract.records import Finish, Role
 from domain.emission.outputs import ChoiceDelta
 from domain.engine.engine import Engine, EngineConfig
-from domain.engine.step import ExecutorGeometry, FrameResult, StepPlan
+from domain.engine.step import FrameResult, StepPlan
 from domain.logprobs.rules import LogprobAsk
 from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams
 from domain.speculation.drafts import SpeculativeConfig, SpeculativeMethod
 from tests.fakes import FAKE_EOS, FakeExecutor, FakeTokenizer, next_token
 from tests.support.draining import drain
+from tests.support.geometry import fake_geometry
 
 PERIOD = 6
 NGRAM = SpeculativeConfig(SpeculativeMethod.NGRAM, 4, 2, 3)
@@ -63,16 +64,7 @@ def make_engine(
     budget: int = 32,
     draft_model=None,
 ) -> tuple[Engine, RecordingExecutor]:
-    geometry = ExecutorGeometry(
-        capacity=8,
-        block_size=4,
-        num_blocks=num_blocks,
-        vocab_size=64,
-        max_model_len=96,
-        token_capacity=8,
-        logprob_top_k=20,
-        selects_logprob_ids=True,
-    )
+    geometry = fake_geometry(num_blocks=num_blocks, max_model_len=96)
     executor = RecordingExecutor(geometry, model=model, draft_model=draft_model)
     config = EngineConfig(max_num_batched_tokens=budget, speculative=speculative)
     return Engine(executor, FakeTokenizer(), config), executor

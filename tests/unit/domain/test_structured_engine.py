@@ -11,7 +11,7 @@ from domain.common.errors import InvalidRequestError
 from domain.contract.records import Role
 from domain.emission.outputs import ChoiceDelta
 from domain.engine.engine import Engine, EngineConfig
-from domain.engine.step import ExecutorGeometry, FrameResult
+from domain.engine.step import FrameResult
 from domain.logprobs.rules import LogprobAsk
 from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams
@@ -26,6 +26,7 @@ from tests.fakes import (
     next_token,
 )
 from tests.support.draining import drain
+from tests.support.geometry import fake_geometry
 
 CHOICES = ("cab", "dog", "bead", "deed")
 PROMPT = (3, 9, 14, 27, 5, 41)
@@ -45,16 +46,7 @@ class RecordingExecutor(FakeExecutor):
 def make_engine(
     *, num_blocks: int = 64, speculative: SpeculativeConfig | None = None, model=next_token
 ) -> tuple[Engine, RecordingExecutor, FakeGrammarCompiler]:
-    geometry = ExecutorGeometry(
-        capacity=8,
-        block_size=2,
-        num_blocks=num_blocks,
-        vocab_size=64,
-        max_model_len=48,
-        token_capacity=8,
-        logprob_top_k=20,
-        selects_logprob_ids=True,
-    )
+    geometry = fake_geometry(block_size=2, num_blocks=num_blocks, max_model_len=48)
     compiler = FakeGrammarCompiler()
     executor = RecordingExecutor(geometry, model=model, grammars=compiler)
     config = EngineConfig(max_num_batched_tokens=64, speculative=speculative)
@@ -211,9 +203,7 @@ def test_a_spec_the_compiler_refuses_is_a_400_before_admission():
 
 
 def test_without_a_grammar_engine_a_constraint_is_a_400():
-    geometry = ExecutorGeometry(
-        capacity=2, block_size=2, num_blocks=64, vocab_size=64, max_model_len=48, token_capacity=8
-    )
+    geometry = fake_geometry(logprobs=False, capacity=2, block_size=2, max_model_len=48)
     engine = Engine(FakeExecutor(geometry), FakeTokenizer())
 
     with pytest.raises(InvalidRequestError, match="grammar engine") as caught:

@@ -15,7 +15,6 @@ from domain.common.errors import InvalidRequestError
 from domain.contract.records import Role
 from domain.emission.outputs import ChoiceDelta
 from domain.engine.engine import Engine, EngineConfig
-from domain.engine.step import ExecutorGeometry
 from domain.logprobs.rules import LogprobAsk
 from domain.reasoning.thinking import ThinkingBudget, ThinkingMarkers
 from domain.requests.engine_request import EngineRequest
@@ -23,20 +22,12 @@ from domain.requests.sampling import SamplingParams
 from domain.speculation.drafts import SpeculativeConfig, SpeculativeMethod
 from tests.fakes import FakeExecutor, FakeTokenizer, fake_position, next_token
 from tests.support.draining import drain
+from tests.support.geometry import fake_geometry
 
 START = (60,)
 END = (61, 62)
 MARKERS = ThinkingMarkers(START, END)
-GEOMETRY = ExecutorGeometry(
-    capacity=8,
-    block_size=4,
-    num_blocks=64,
-    vocab_size=64,
-    max_model_len=96,
-    token_capacity=8,
-    logprob_top_k=20,
-    selects_logprob_ids=True,
-)
+GEOMETRY = fake_geometry(max_model_len=96)
 
 
 def thinker(context: Sequence[int], vocab_size: int) -> int:
@@ -57,14 +48,10 @@ def closer(context: Sequence[int], vocab_size: int) -> int:
 def make_engine(
     model=thinker, *, speculative=None, draft_model=None, budget: int = 32, **sizes: int
 ):
-    geometry = ExecutorGeometry(**{**_fields(GEOMETRY), **sizes})
+    geometry = fake_geometry(**{"max_model_len": 96, **sizes})
     executor = FakeExecutor(geometry, model=model, draft_model=draft_model)
     config = EngineConfig(max_num_batched_tokens=budget, speculative=speculative)
     return Engine(executor, FakeTokenizer(), config), executor
-
-
-def _fields(geometry: ExecutorGeometry) -> dict:
-    return {name: getattr(geometry, name) for name in geometry.__slots__}  # type: ignore[attr-defined]
 
 
 def budget_request(
