@@ -1,5 +1,7 @@
 """What a choice emits, turned from completion records into consumer-facing values: which emitted
 tokens get logprob entries, and the per-choice emission state machine (`choice`); stop-string
 matching with hold-back (`stops`); incremental detokenization into whole UTF-8 characters and
-their offsets (`detokenizer`); and the deltas and end a request's consumer receives (`outputs`).
+their offsets (`detokenizer`); the deltas and end a request's consumer receives (`outputs`), the
+bounded channel they travel in from the engine thread (`channel`), and one request's consumer
+side, its choices' machines feeding its channel (`request_output`).
 """

@@ -8,7 +8,8 @@ from domain.contract.records import CompletionRecord
 from domain.logprobs.prompt_scores import PromptScore
 from domain.logprobs.values import LogprobOptions, PositionLogprobs
 from domain.requests.sampling import SamplingParams
-from domain.structured.grammar import GrammarSpec
+from domain.speculation.choice import DraftLane
+from domain.structured.constraint import GrammarLane
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,30 +53,40 @@ class ExecutorGeometry:
 
 
 @dataclass(frozen=True, slots=True)
+class LaneSampling:
+    """How a lane draws: its request's parameters and the choice's seed; and, when it samples,
+    how its choice ends: with STOP_TOKEN when it emits one of `stop_token_ids`, with LENGTH when
+    `remaining` reaches zero. `banned_token_ids` cannot be sampled (min_tokens); `logprobs` asks
+    for the sampled tokens' entries."""
+
+    params: SamplingParams
+    seed: int
+    stop_token_ids: frozenset[int] = frozenset()
+    banned_token_ids: tuple[int, ...] = ()
+    remaining: int = 1
+    logprobs: LogprobOptions | None = None
+
+    def __post_init__(self) -> None:
+        if self.remaining < 1:
+            raise ValueError("a lane needs a remaining budget of at least one token")
+
+
+@dataclass(frozen=True, slots=True)
 class SlotWork:
     """One lane of a step: feed a chunk of a sequence, and maybe sample the next token.
 
     `token_ids` occupy positions `start_position ..`; the cache already holds the positions before.
     Positions below `prompt_len` are prompt tokens (repetition penalty), the rest generated ones.
-    When `sample` is set the commit emits one token, ends the request with STOP_TOKEN when it is in
-    `stop_token_ids`, or with LENGTH when `remaining` reaches zero; `banned_token_ids` cannot be
-    sampled (min_tokens).
+    When `sample` is set the commit emits by `sampling` (`domain.engine.commit`).
 
-    A `speculative` lane goes through verification: its last fed tokens are `drafts` (none in a
-    width-one round), every fed token's row is a target row, and the commit emits the accepted
-    drafts and one more token (`domain.engine.commit.commit_round` clips them), from position
-    `first_emitted_position` on.
-
-    A lane with a `grammar` samples every token from its grammar's allowed set (each target row
-    of a speculative lane under the grammar's state after the drafts before it); the grammar
-    walks the fed tokens at positions from `grammar_start` on (`prompt_len` when None; later
-    when the output began with reasoning), then what its records emit. A choice whose grammar
-    has not started yet (reasoning still open) has no `grammar` on its lanes.
-
-    A lane with a `forced_token` (the thinking budget's forced end) emits that token instead of
-    sampling one: the commit marks it in the record's forced mask, no logprob is reduced for
-    it, and nothing is drawn for its position. Such a lane neither speculates nor is
-    constrained (its grammar, if any, starts after the forced end).
+    Each feature adds one optional part. A `speculation` lane goes through verification (see
+    `DraftLane`): its drafts are its last fed tokens, every fed token's row is a target row, and
+    the commit emits the accepted drafts and one more token from `first_emitted_position` on. A
+    `grammar` lane samples from its grammar's allowed set (`GrammarLane`). A lane with a
+    `forced_token` (the thinking budget's forced end) emits that token instead of sampling one:
+    the record's forced mask marks it, no logprob is reduced and nothing drawn for it; such a lane
+    neither speculates nor is constrained. A scored prefill lane carries, per fed token, the
+    prompt token its row scores, or -1 for no score (`prompt_targets`).
     """
 
     slot: int
@@ -85,60 +96,43 @@ class SlotWork:
     block_table: tuple[int, ...]
     prompt_len: int
     sample: bool
-    params: SamplingParams
-    seed: int
-    stop_token_ids: frozenset[int] = frozenset()
-    banned_token_ids: tuple[int, ...] = ()
-    remaining: int = 1
-    logprobs: LogprobOptions | None = None
-    # Scored prefill only: per fed token, the prompt token its row scores, or -1 for no score.
+    sampling: LaneSampling
     prompt_targets: tuple[int, ...] = ()
-    speculative: bool = False
-    drafts: tuple[int, ...] = ()
-    # Draft-model lanes: drafts the executor's draft model proposes after `token_ids`, and the
-    # tokens it must catch up on first (positions `draft_start ..`, the lane's last included).
-    propose: int = 0
-    draft_feed: tuple[int, ...] = ()
-    draft_start: int = 0
-    grammar: GrammarSpec | None = None
-    # The position of the first token the grammar constrains; None: `prompt_len`.
-    grammar_start: int | None = None
+    speculation: DraftLane | None = None
+    grammar: GrammarLane | None = None
     forced_token: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.token_ids:
-            raise ValueError("a lane must feed at least one token")
-        if self.speculative and not self.sample:
+        if not self.token_ids or self.start_position < 0:
+            raise ValueError("a lane feeds at least one token from a non-negative position")
+        if self.speculation is not None and not self.sample:
             raise ValueError("a speculative lane verifies, so it samples")
-        if self.drafts and (
-            not self.speculative
-            or self.token_ids[len(self.token_ids) - len(self.drafts) :] != self.drafts
-            or len(self.drafts) >= len(self.token_ids)
+        drafts = self.drafts
+        if drafts and (
+            self.token_ids[-len(drafts) :] != drafts or len(drafts) >= len(self.token_ids)
         ):
             raise ValueError("drafts are the last fed tokens of a speculative lane, after one more")
-        if self.propose and (not self.speculative or self.drafts or not self.draft_feed):
-            raise ValueError("a lane proposing drafts verifies them, has none yet, feeds its draft")
-        if self.draft_feed and self.draft_start + len(self.draft_feed) != self.end_position:
+        feed = self.speculation.draft_feed if self.speculation is not None else ()
+        if (
+            feed
+            and self.speculation
+            and self.speculation.draft_start + len(feed) != self.end_position
+        ):
             raise ValueError("the draft model catches up to the lane's last fed token")
         if self.prompt_targets and len(self.prompt_targets) != len(self.token_ids):
             raise ValueError(
                 f"{len(self.prompt_targets)} prompt targets for {len(self.token_ids)} tokens"
             )
-        if self.start_position < 0:
-            raise ValueError("start_position must be non-negative")
-        if self.sample and self.remaining < 1:
-            raise ValueError("a sampling lane needs a remaining budget of at least one token")
         if self.forced_token is not None and (
-            not self.sample or self.speculative or self.grammar is not None
+            not self.sample or self.speculation is not None or self.grammar is not None
         ):
             raise ValueError("a forced token is emitted by a plain sampling lane, unconstrained")
-        if self.grammar_start is not None and self.grammar_start < self.prompt_len:
+        if self.grammar is not None and self.grammar.start < self.prompt_len:
             raise ValueError("a grammar starts at a generated position")
 
     @property
-    def constrained_from(self) -> int:
-        """The position of the first token the lane's grammar walks."""
-        return self.prompt_len if self.grammar_start is None else self.grammar_start
+    def drafts(self) -> tuple[int, ...]:
+        return () if self.speculation is None else self.speculation.drafts
 
     @property
     def end_position(self) -> int:
@@ -148,12 +142,6 @@ class SlotWork:
     def first_emitted_position(self) -> int:
         """Where the first token this lane emits goes: after the last fed non-draft token."""
         return self.end_position - len(self.drafts)
-
-    @property
-    def max_drafts(self) -> int:
-        """Drafts this lane verifies at most: its history drafts, or what its draft model
-        proposes."""
-        return len(self.drafts) or self.propose
 
 
 @dataclass(frozen=True, slots=True)

@@ -124,7 +124,9 @@ class CompletionOutputs:
         buffers = self.buffers
         if buffers is None:
             return False
-        requesting = [(w.slot, w.logprobs) for w in sampling if w.logprobs is not None]
+        requesting = [
+            (w.slot, w.sampling.logprobs) for w in sampling if w.sampling.logprobs is not None
+        ]
         flags = [0] * self._geometry.capacity
         counts = [0] * self._geometry.capacity
         for slot, options in requesting:

@@ -7,7 +7,7 @@ import torch
 
 from adapters.gpu.logprobs.completion_outputs import CompletionOutputs
 from domain.contract.records import CompletionRecord, Role
-from domain.engine.step import ExecutorGeometry, SlotWork
+from domain.engine.step import ExecutorGeometry, LaneSampling, SlotWork
 from domain.logprobs.values import LogprobOptions
 from domain.requests.sampling import SamplingParams
 
@@ -44,9 +44,7 @@ def lane(slot: int, logprobs: LogprobOptions | None) -> SlotWork:
         block_table=(slot,),
         prompt_len=2,
         sample=True,
-        params=SamplingParams(),
-        seed=0,
-        logprobs=logprobs,
+        sampling=LaneSampling(SamplingParams(), 0, logprobs=logprobs),
     )
 
 
