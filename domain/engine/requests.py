@@ -12,12 +12,12 @@ from domain.emission.channel import OutputChannel
 from domain.emission.outputs import ChoiceDelta, PromptScores
 from domain.emission.request_output import RequestOutput
 from domain.engine.scheduler import Scheduler
-from domain.engine.sequence import ChoiceSampling, Sequence
+from domain.engine.sequence import Sequence
 from domain.engine.step import FrameResult, LaneFailure, StepPlan
 from domain.logprobs.scoring import PromptScoring
 from domain.logprobs.values import PositionLogprobs
+from domain.requests.choice_sampling import ChoiceSampling
 from domain.requests.engine_request import CheckedRequest, EngineRequest, fresh_seed
-from domain.requests.sampling import min_tokens_ban, stop_token_ids
 from domain.speculation.choice import ChoiceSpeculation
 from domain.speculation.drafts import SpeculativeConfig
 from domain.structured.constraint import OutputConstraint
@@ -83,18 +83,8 @@ class Requests:
 
     def _sequence(self, request: EngineRequest, index: int, fallback_seed: int) -> Sequence:
         """Choice `index` of an admitted request, with a part for each feature it uses."""
-        params, prompt = request.params, request.prompt_token_ids
-        limit = self._max_model_len - len(prompt)
-        max_tokens = limit if params.max_tokens is None else min(params.max_tokens, limit)
-        eos, constrained = self._tokenizer.eos_token_ids, request.grammar is not None
-        sampling = ChoiceSampling(
-            params,
-            request.choice_seed(index, fallback_seed),
-            0 if request.prefill_only else max_tokens,
-            stop_token_ids(params, eos, constrained=constrained),
-            min_tokens_ban(params, eos, constrained=constrained),
-            request.options,
-        )
+        prompt, eos = request.prompt_token_ids, self._tokenizer.eos_token_ids
+        sampling = ChoiceSampling.admit(request, index, fallback_seed, eos, self._max_model_len)
         speculative = self._speculative
         return Sequence(
             request.request_id,

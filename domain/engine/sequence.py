@@ -6,11 +6,9 @@ import enum
 from dataclasses import dataclass, field
 
 from domain.cache.placement import CachePlacement
-from domain.engine.step import LaneSampling
 from domain.logprobs.scoring import PromptScoring
-from domain.logprobs.values import LogprobOptions
 from domain.reasoning.thinking import ThinkingTracker
-from domain.requests.sampling import SamplingParams
+from domain.requests.choice_sampling import ChoiceSampling
 from domain.speculation.choice import ChoiceSpeculation
 from domain.structured.constraint import OutputConstraint
 
@@ -19,29 +17,6 @@ class SequenceState(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
-
-
-@dataclass(frozen=True, slots=True)
-class ChoiceSampling:
-    """How a choice draws its tokens and when it ends, fixed at admission: at `max_tokens`
-    outputs, or at one of `stop_token_ids`; `banned_until_min_tokens` cannot be sampled before
-    `params.min_tokens` outputs."""
-
-    params: SamplingParams
-    seed: int
-    max_tokens: int
-    stop_token_ids: frozenset[int] = frozenset()
-    banned_until_min_tokens: tuple[int, ...] = ()
-    logprobs: LogprobOptions | None = None
-
-    def lane(self, emitted: int, sample: bool) -> LaneSampling:
-        """The lane part after `emitted` outputs; only a sampling lane asks for logprobs."""
-        banned = self.banned_until_min_tokens if emitted < self.params.min_tokens else ()
-        remaining = max(self.max_tokens - emitted, 1)
-        logprobs = self.logprobs if sample else None
-        return LaneSampling(
-            self.params, self.seed, self.stop_token_ids, banned, remaining, logprobs
-        )
 
 
 @dataclass(eq=False)

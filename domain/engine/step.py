@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from domain.contract.records import CompletionRecord
 from domain.logprobs.prompt_scores import PromptScore
-from domain.logprobs.values import LogprobOptions, PositionLogprobs
-from domain.requests.sampling import SamplingParams
+from domain.logprobs.values import PositionLogprobs
+from domain.requests.choice_sampling import LaneSampling
 from domain.speculation.choice import DraftLane
 from domain.structured.constraint import GrammarLane
 
@@ -28,14 +28,8 @@ class ExecutorGeometry:
     scored_capacities: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in (
-            "capacity",
-            "block_size",
-            "num_blocks",
-            "vocab_size",
-            "max_model_len",
-            "token_capacity",
-        ):
+        sizes = ("capacity", "block_size", "num_blocks", "vocab_size", "max_model_len")
+        for name in (*sizes, "token_capacity"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
         capacities = self.scored_capacities
@@ -50,25 +44,6 @@ class ExecutorGeometry:
     def scored_token_limit(self) -> int:
         """Rows one scored prefill holds at most (0 without scoring)."""
         return self.scored_capacities[-1] if self.scored_capacities else 0
-
-
-@dataclass(frozen=True, slots=True)
-class LaneSampling:
-    """How a lane draws: its request's parameters and the choice's seed; and, when it samples,
-    how its choice ends: with STOP_TOKEN when it emits one of `stop_token_ids`, with LENGTH when
-    `remaining` reaches zero. `banned_token_ids` cannot be sampled (min_tokens); `logprobs` asks
-    for the sampled tokens' entries."""
-
-    params: SamplingParams
-    seed: int
-    stop_token_ids: frozenset[int] = frozenset()
-    banned_token_ids: tuple[int, ...] = ()
-    remaining: int = 1
-    logprobs: LogprobOptions | None = None
-
-    def __post_init__(self) -> None:
-        if self.remaining < 1:
-            raise ValueError("a lane needs a remaining budget of at least one token")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""Sampling settings of one request, validated on construction, and the stop tokens they imply."""
+"""Sampling settings of one request, validated on construction."""
 
 from __future__ import annotations
 
@@ -142,29 +142,3 @@ class SamplingParams:
                 f"logit_bias token {token_id} is outside the vocabulary",
                 "logit_bias",
             )
-
-
-def stop_token_ids(
-    params: SamplingParams, eos_token_ids: frozenset[int], *, constrained: bool = False
-) -> frozenset[int]:
-    """Tokens whose emission ends a choice: `stop_token_ids`, and EOS unless `ignore_eos`.
-
-    A constrained choice's grammar allows EOS only once its output is complete, and then EOS
-    ends it, `ignore_eos` or not: nothing may follow a complete output.
-    """
-    stops = frozenset(params.stop_token_ids)
-    return stops if params.ignore_eos and not constrained else stops | eos_token_ids
-
-
-def min_tokens_ban(
-    params: SamplingParams, eos_token_ids: frozenset[int], *, constrained: bool = False
-) -> tuple[int, ...]:
-    """Tokens that cannot be sampled until `min_tokens` are generated: every stop token and
-    EOS (also under `ignore_eos`, as vLLM bans it), ascending.
-
-    None for a constrained choice: its grammar decides where the output ends, and a ban could
-    leave a complete output no token to end with.
-    """
-    if constrained:
-        return ()
-    return tuple(sorted(frozenset(params.stop_token_ids) | eos_token_ids))

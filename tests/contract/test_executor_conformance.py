@@ -15,9 +15,10 @@ import pytest
 from domain.contract.capabilities import FULL_LOGPROBS
 from domain.contract.records import Finish, Role
 from domain.engine.commit import commit_round
-from domain.engine.step import ExecutorGeometry, LaneSampling, SlotWork, StepPlan
+from domain.engine.step import ExecutorGeometry, SlotWork, StepPlan
 from domain.logprobs.prompt_scores import prompt_targets
 from domain.logprobs.values import NO_TOKEN, LogprobOptions, sort_key
+from domain.requests.choice_sampling import LaneSampling
 from domain.requests.sampling import SamplingParams
 from domain.speculation.choice import DraftLane
 from domain.structured.constraint import GrammarLane

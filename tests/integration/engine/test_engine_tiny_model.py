@@ -135,8 +135,9 @@ def _bytes_per_block(model_dir: Path, block_size: int) -> int:
 
 
 def test_a_step_that_samples_nothing_uploads_no_logprob_flags(tiny_model_dir):
-    from domain.engine.step import LaneSampling, SlotWork, StepPlan
+    from domain.engine.step import SlotWork, StepPlan
     from domain.logprobs.values import LogprobOptions
+    from domain.requests.choice_sampling import LaneSampling
 
     engine, tokenizer, _ = build_engine(tiny_model_dir)
     executor = engine._executor

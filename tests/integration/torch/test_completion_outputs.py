@@ -7,8 +7,9 @@ import torch
 
 from adapters.gpu.logprobs.completion_outputs import CompletionOutputs
 from domain.contract.records import CompletionRecord, Role
-from domain.engine.step import ExecutorGeometry, LaneSampling, SlotWork
+from domain.engine.step import ExecutorGeometry, SlotWork
 from domain.logprobs.values import LogprobOptions
+from domain.requests.choice_sampling import LaneSampling
 from domain.requests.sampling import SamplingParams
 
 VOCAB = 50

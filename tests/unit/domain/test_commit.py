@@ -6,7 +6,8 @@ import pytest
 
 from domain.contract.records import Finish
 from domain.engine.commit import commit_round
-from domain.engine.step import LaneSampling, SlotWork
+from domain.engine.step import SlotWork
+from domain.requests.choice_sampling import LaneSampling
 from domain.requests.sampling import SamplingParams
 from domain.speculation.choice import DraftLane
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from domain.engine.step import LaneSampling, SlotWork
+from domain.engine.step import SlotWork
+from domain.requests.choice_sampling import LaneSampling
 from domain.requests.sampling import SamplingParams
 from domain.speculation.choice import DraftLane
 from domain.structured.catch_up import CatchUp, grammar_catch_up

@@ -6,7 +6,8 @@ import pytest
 
 from domain.contract.records import CompletionRecord, Role
 from domain.engine.scheduler import Scheduler, SchedulerConfig
-from domain.engine.sequence import ChoiceSampling, Sequence, SequenceState
+from domain.engine.sequence import Sequence, SequenceState
+from domain.requests.choice_sampling import ChoiceSampling
 from domain.requests.sampling import SamplingParams
 from domain.telemetry.step_stats import SchedulerState
 
