@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from domain.engine.step import ExecutorGeometry, FrameResult, StepPlan
+from domain.contract.frames import FrameResult
+from domain.contract.geometry import ExecutorGeometry
+from domain.engine.step import StepPlan
 
 
 class ModelExecutor(Protocol):

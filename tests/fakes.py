@@ -12,9 +12,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from domain.common.errors import InvalidRequestError
+from domain.contract.frames import FrameResult, LaneFailure
+from domain.contract.geometry import ExecutorGeometry
 from domain.contract.records import CompletionRecord, Finish, Role
 from domain.engine.commit import commit_round, forced_round
-from domain.engine.step import ExecutorGeometry, FrameResult, LaneFailure, SlotWork, StepPlan
+from domain.engine.step import SlotWork, StepPlan
 from domain.logprobs.prompt_scores import PromptScore
 from domain.logprobs.values import (
     NATURAL_TOP_K,

@@ -24,9 +24,11 @@ from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
 from adapters.gpu.scoring.prompt_scorer import PromptScorer
 from adapters.gpu.speculation.draft_runner import DraftRunner
 from adapters.grammar.lanes import GrammarLanes, RowMasks
+from domain.contract.frames import FrameResult, LaneFailure
+from domain.contract.geometry import ExecutorGeometry
 from domain.contract.records import CompletionRecord, Finish, Role
 from domain.engine.commit import commit_round, forced_round
-from domain.engine.step import ExecutorGeometry, FrameResult, LaneFailure, SlotWork, StepPlan
+from domain.engine.step import SlotWork, StepPlan
 from domain.logprobs.prompt_scores import PROMPT_ROW_WORDS
 from domain.speculation.verdict import speculative_verdict
 from ports.grammar import MaskingCompiler

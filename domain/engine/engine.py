@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from domain.common.errors import InvalidRequestError, OverloadedError
+from domain.contract.frames import FrameResult
 from domain.emission.channel import OutputChannel
 from domain.engine.requests import Requests
 from domain.engine.scheduler import Scheduler, SchedulerConfig
-from domain.engine.step import FrameResult
 from domain.logprobs.rules import LogprobLimits, check_logprob_ask
 from domain.requests.engine_request import CheckedRequest, EngineRequest
 from domain.speculation.drafts import SpeculativeConfig

@@ -7,13 +7,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from domain.common.errors import LogprobDataError
+from domain.contract.frames import FrameResult, LaneFailure
 from domain.contract.records import CompletionRecord
 from domain.emission.channel import OutputChannel
 from domain.emission.outputs import ChoiceDelta, PromptScores
 from domain.emission.request_output import RequestOutput
 from domain.engine.scheduler import Scheduler
 from domain.engine.sequence import Sequence
-from domain.engine.step import FrameResult, LaneFailure, StepPlan
+from domain.engine.step import StepPlan
 from domain.logprobs.scoring import PromptScoring
 from domain.logprobs.values import PositionLogprobs
 from domain.requests.choice_sampling import ChoiceSampling

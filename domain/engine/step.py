@@ -1,49 +1,12 @@
-"""What one step asks of the model executor: per-slot work and the executor's fixed geometry."""
+"""What one step asks of the model executor: its lanes, each with its features' parts."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from domain.contract.records import CompletionRecord
-from domain.logprobs.prompt_scores import PromptScore
-from domain.logprobs.values import PositionLogprobs
 from domain.requests.choice_sampling import LaneSampling
 from domain.speculation.choice import DraftLane
 from domain.structured.constraint import GrammarLane
-
-
-@dataclass(frozen=True, slots=True)
-class ExecutorGeometry:
-    """Fixed sizes of a loaded executor; the scheduler plans within them."""
-
-    capacity: int
-    block_size: int
-    num_blocks: int
-    vocab_size: int
-    max_model_len: int
-    token_capacity: int
-    logprob_top_k: int = 0
-    selects_logprob_ids: bool = False
-    # Row capacities of the prepared scored-prefill operation, ascending; empty: no scoring.
-    scored_capacities: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        sizes = ("capacity", "block_size", "num_blocks", "vocab_size", "max_model_len")
-        for name in (*sizes, "token_capacity"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be positive")
-        capacities = self.scored_capacities
-        if any(c < 1 for c in capacities) or list(capacities) != sorted(set(capacities)):
-            raise ValueError(f"scored capacities must ascend and be positive, got {capacities}")
-
-    @property
-    def scores_prompts(self) -> bool:
-        return bool(self.scored_capacities)
-
-    @property
-    def scored_token_limit(self) -> int:
-        """Rows one scored prefill holds at most (0 without scoring)."""
-        return self.scored_capacities[-1] if self.scored_capacities else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,49 +103,3 @@ class StepPlan:
     @property
     def num_tokens(self) -> int:
         return sum(len(work.token_ids) for work in self.works)
-
-
-@dataclass(frozen=True, slots=True)
-class LaneFailure:
-    """A lane its executor retired in a step, for a reason of that lane's own (its grammar broke
-    mid-output, say): its request fails with `message`, and the step's other lanes go on.
-
-    `message` speaks of that request only, never of another lane. `param` names the request
-    field at fault when the failure is the request's own input (its output constraint), else
-    None (a server-side failure of that request).
-    """
-
-    slot: int
-    epoch: int
-    message: str
-    param: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.slot < 0 or self.epoch < 0 or not self.message:
-            raise ValueError("a lane failure names a live slot and epoch, and says why")
-
-
-@dataclass(frozen=True, slots=True)
-class FrameResult:
-    """The records of one completed submission, one per lane of its plan, in plan order.
-
-    `logprobs[i]` holds lane i's decoded positions (one per emitted token) when the lane
-    requested logprobs, else None; an empty tuple means no lane of the frame requested any.
-    `prompt_scores[i]` holds a scored plan's lane i rows (one per fed token, None for a row
-    without a target); empty for ordinary plans.
-    `payload_bytes` counts the logprob and prompt-score payload the read copied from the
-    device's frames to the host (0 when it copied none).
-    `failures` lists the lanes the executor retired; each one's record emits nothing and
-    finishes with ERROR, and its request fails while the frame's other lanes commit.
-    """
-
-    frame: int
-    records: tuple[CompletionRecord, ...]
-    logprobs: tuple[tuple[PositionLogprobs, ...] | None, ...] = ()
-    prompt_scores: tuple[tuple[PromptScore | None, ...], ...] = ()
-    payload_bytes: int = 0
-    failures: tuple[LaneFailure, ...] = ()
-
-    def lane_logprobs(self, lane: int) -> tuple[PositionLogprobs, ...] | None:
-        """Lane `lane`'s decoded positions, or None when the frame carries none for it."""
-        return self.logprobs[lane] if lane < len(self.logprobs) else None

@@ -13,9 +13,10 @@ from dataclasses import replace
 import pytest
 
 from domain.contract.capabilities import FULL_LOGPROBS
+from domain.contract.geometry import ExecutorGeometry
 from domain.contract.records import Finish, Role
 from domain.engine.commit import commit_round
-from domain.engine.step import ExecutorGeometry, SlotWork, StepPlan
+from domain.engine.step import SlotWork, StepPlan
 from domain.logprobs.prompt_scores import prompt_targets
 from domain.logprobs.values import NO_TOKEN, LogprobOptions, sort_key
 from domain.requests.choice_sampling import LaneSampling

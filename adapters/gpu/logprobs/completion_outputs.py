@@ -11,8 +11,10 @@ from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer
 from adapters.gpu.parallel.collectives import Collectives
 from adapters.gpu.parallel.reference_reducer import VocabParallelLogprobReducer
 from adapters.gpu.parallel.split import RankSplit
+from domain.contract.frames import FrameResult
+from domain.contract.geometry import ExecutorGeometry
 from domain.contract.records import HEADER_WORDS, CompletionRecord
-from domain.engine.step import ExecutorGeometry, FrameResult, SlotWork
+from domain.engine.step import SlotWork
 from domain.logprobs.values import (
     FULL_POSITION_WORDS,
     MAX_SELECTED_IDS,

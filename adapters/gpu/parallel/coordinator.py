@@ -8,7 +8,9 @@ from collections.abc import Callable
 from adapters.gpu.executor import TorchExecutor
 from adapters.gpu.parallel.collectives import ParallelFailure
 from adapters.gpu.parallel.group import RankGroup
-from domain.engine.step import ExecutorGeometry, FrameResult, StepPlan
+from domain.contract.frames import FrameResult
+from domain.contract.geometry import ExecutorGeometry
+from domain.engine.step import StepPlan
 
 _log = logging.getLogger(__name__)
 

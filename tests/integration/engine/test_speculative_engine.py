@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from domain.contract.frames import FrameResult
 from domain.contract.records import Role
 from domain.emission.outputs import ChoiceDelta
 from domain.engine.engine import Engine
-from domain.engine.step import FrameResult, StepPlan
+from domain.engine.step import StepPlan
 from domain.logprobs.rules import LogprobAsk
 from domain.logprobs.values import PositionLogprobs
 from domain.requests.engine_request import EngineRequest

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from adapters.gpu.logprobs.completion_outputs import CompletionOutputs
+from domain.contract.geometry import ExecutorGeometry
 from domain.contract.records import CompletionRecord, Role
-from domain.engine.step import ExecutorGeometry, SlotWork
+from domain.engine.step import SlotWork
 from domain.logprobs.values import LogprobOptions
 from domain.requests.choice_sampling import LaneSampling
 from domain.requests.sampling import SamplingParams

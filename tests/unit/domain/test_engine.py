@@ -7,9 +7,10 @@ import dataclasses
 import pytest
 
 from domain.common.errors import InvalidRequestError
+from domain.contract.frames import FrameResult
+from domain.contract.geometry import ExecutorGeometry
 from domain.emission.outputs import ChoiceDelta, RequestEnd
 from domain.engine.engine import Engine, EngineConfig
-from domain.engine.step import ExecutorGeometry, FrameResult
 from domain.logprobs.rules import LogprobAsk
 from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from domain.contract.geometry import ExecutorGeometry
 from domain.engine.engine import Engine, EngineConfig
-from domain.engine.step import ExecutorGeometry
 from domain.logprobs.rules import LogprobAsk
 from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from domain.contract.geometry import ExecutorGeometry
 from domain.engine.engine import Engine, EngineConfig
-from domain.engine.step import ExecutorGeometry
 from domain.reasoning.thinking import ThinkingBudget, ThinkingMarkers
 from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams

@@ -92,7 +92,8 @@ def letter(token_id: int) -> str:
 
 
 def test_the_fake_restarts_a_matcher_at_position_zero_as_the_grammar_lanes_do():
-    from domain.engine.step import ExecutorGeometry, StepPlan
+    from domain.contract.geometry import ExecutorGeometry
+    from domain.engine.step import StepPlan
     from tests.fakes import FakeExecutor, FakeGrammarCompiler
 
     geometry = ExecutorGeometry(

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
+from domain.contract.geometry import ExecutorGeometry
 from domain.emission.outputs import ChoiceDelta, RequestEnd
 from domain.engine.engine import Engine, EngineConfig
-from domain.engine.step import ExecutorGeometry
 from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams
 from domain.structured.grammar import GrammarKind, GrammarSpec

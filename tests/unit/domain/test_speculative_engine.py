@@ -12,10 +12,12 @@ from collections.abc import Sequence
 
 import pytest
 
+from domain.contract.frames import FrameResult
+from domain.contract.geometry import ExecutorGeometry
 from domain.contract.records import Finish, Role
 from domain.emission.outputs import ChoiceDelta
 from domain.engine.engine import Engine, EngineConfig
-from domain.engine.step import ExecutorGeometry, FrameResult, StepPlan
+from domain.engine.step import StepPlan
 from domain.logprobs.rules import LogprobAsk
 from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams

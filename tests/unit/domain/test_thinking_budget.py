@@ -12,10 +12,10 @@ from collections.abc import Sequence
 import pytest
 
 from domain.common.errors import InvalidRequestError
+from domain.contract.geometry import ExecutorGeometry
 from domain.contract.records import Role
 from domain.emission.outputs import ChoiceDelta
 from domain.engine.engine import Engine, EngineConfig
-from domain.engine.step import ExecutorGeometry
 from domain.logprobs.rules import LogprobAsk
 from domain.reasoning.thinking import ThinkingBudget, ThinkingMarkers
 from domain.requests.engine_request import EngineRequest
