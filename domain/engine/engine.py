@@ -10,12 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from domain.common.errors import InvalidRequestError, OverloadedError
-from domain.contract.frames import FrameResult
+from domain.common.errors import OverloadedError
 from domain.emission.channel import OutputChannel
 from domain.engine.requests import Requests
 from domain.engine.scheduler import Scheduler, SchedulerConfig
-from domain.logprobs.rules import LogprobLimits, check_logprob_ask
+from domain.logprobs.rules import LogprobLimits
 from domain.requests.engine_request import CheckedRequest, EngineRequest
 from domain.speculation.drafts import SpeculativeConfig
 from domain.telemetry.step_tally import StepTally
@@ -97,20 +96,10 @@ class Engine:
         return self.logprob_limits.top_k
 
     def check(self, request: EngineRequest) -> CheckedRequest:
-        """Raises InvalidRequestError for a request this engine cannot take; admits nothing.
-
-        A grammar is compiled here, which blocks for up to the compiler's budget: callers on
-        an event loop run this on a thread."""
-        request.check_limits(self.vocab_size, self.max_model_len)
-        check_logprob_ask(request.logprobs, self.logprob_limits)
-        if request.grammar is not None:
-            if self._grammars is None:
-                raise InvalidRequestError(
-                    "structured outputs need a grammar engine, and this server has none",
-                    param=request.grammar.param,
-                )
-            return CheckedRequest(request, self, self._grammars.compile(request.grammar))
-        return CheckedRequest(request, self)
+        """Raises InvalidRequestError for a request this engine cannot take; admits nothing. A
+        grammar compiles here, for up to its budget: event-loop callers run this on a thread."""
+        limits, grammars = self.logprob_limits, self._grammars
+        return CheckedRequest.check(request, self, limits, self.max_model_len, grammars)
 
     def submit(self, request: EngineRequest, channel: OutputChannel | None = None) -> OutputChannel:
         """Checks and queues one request; raises InvalidRequestError before admission."""
@@ -172,15 +161,12 @@ class Engine:
             _log.exception("step failed")
             self._requests.fail_plan(plan, f"the model step failed: {error}")
             return
-        self._note_frame(result)
-        self._requests.retire(result.failures)
-        for sequence, _, lane in self._scheduler.commit(result.records):
-            self._requests.commit(sequence, result, lane, plan.scored)
-
-    def _note_frame(self, result: FrameResult) -> None:
         positions = sum(len(lane) for lane in result.logprobs if lane is not None)
         rows = sum(1 for lane in result.prompt_scores for row in lane if row is not None)
         self._tally.frame_read(positions, result.payload_bytes, rows)
+        self._requests.retire(result.failures)
+        for sequence, _, lane in self._scheduler.commit(result.records):
+            self._requests.commit(sequence, result, lane, plan.scored)
 
 
 class EngineLoop:

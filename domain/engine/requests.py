@@ -35,8 +35,7 @@ _log = logging.getLogger(__name__)
 class _Request:
     output: RequestOutput
     sequences: list[Sequence]
-    # One per choice: where its latencies are measured from.
-    timelines: list[ChoiceTimeline]
+    timelines: list[ChoiceTimeline]  # one per choice: where its latencies are measured from
     # Choices held back until choice 0 has scored the prompt, so every choice's first output
     # comes after the whole prompt's scores.
     deferred: list[Sequence] = field(default_factory=list)
@@ -99,33 +98,35 @@ class Requests:
             scoring=PromptScoring(prompt) if request.score_prompt and index == 0 else None,
         )
 
+    def _owner(self, slot: int, epoch: int | None = None) -> tuple[Sequence, _Request] | None:
+        """The sequence in `slot` (at `epoch`, when given) with its request, if both live."""
+        sequence = self._scheduler.sequence_in(slot)
+        if sequence is None or epoch is not None and sequence.cache.epoch != epoch:
+            return None
+        entry = self._running.get(sequence.request_id)
+        return None if entry is None else (sequence, entry)
+
     def scheduled(self, plan: StepPlan) -> None:
         """Queue times of choices scheduled for the first time (a chunk at position 0)."""
         for work in plan.works:
-            sequence = None if work.start_position else self._scheduler.sequence_in(work.slot)
-            entry = self._running.get(sequence.request_id) if sequence is not None else None
-            if sequence is not None and entry is not None:
-                self._tally.scheduled(entry.timelines[sequence.index])
+            owner = None if work.start_position else self._owner(work.slot)
+            if owner is not None:
+                self._tally.scheduled(owner[1].timelines[owner[0].index])
 
     def fail_plan(self, plan: StepPlan, message: str) -> None:
         """Fails every request with a lane in a step that failed as a whole."""
-        lanes = (self._scheduler.sequence_in(work.slot) for work in plan.works)
-        owners = {self._running.get(lane.request_id) for lane in lanes if lane is not None}
-        for entry in owners:
-            if entry is not None:
-                self._end(entry, "error", message)
+        owners = (self._owner(work.slot) for work in plan.works)
+        for entry in {owner[1] for owner in owners if owner is not None}:
+            self._end(entry, "error", message)
 
     def retire(self, failures: tuple[LaneFailure, ...]) -> None:
         """Fails the requests of the lanes the executor retired, each with its own message,
         before the frame commits: their slots are free, so the commit passes their records
         by, and the frame's other lanes go on."""
         for failure in failures:
-            sequence = self._scheduler.sequence_in(failure.slot)
-            if sequence is None or sequence.cache.epoch != failure.epoch:
-                continue
-            entry = self._running.get(sequence.request_id)
-            if entry is not None:
-                self._end(entry, "error", failure.message, failure.param)
+            owner = self._owner(failure.slot, failure.epoch)
+            if owner is not None:
+                self._end(owner[1], "error", failure.message, failure.param)
 
     def commit(self, sequence: Sequence, result: FrameResult, lane: int, scored: bool) -> None:
         """Takes one committed lane's record, and a scored lane's prompt scores, in."""
@@ -152,10 +153,8 @@ class Requests:
         if scoring is None:
             return True
         rows = result.prompt_scores[lane] if lane < len(result.prompt_scores) else None
-        chunk_start = result.records[lane].first_position - (len(rows) if rows is not None else 0)
-        first = scoring.scored_rows + 1
         try:
-            fresh = scoring.publish(chunk_start, rows)
+            first, fresh = scoring.publish(result.records[lane].first_position, rows)
         except LogprobDataError as error:
             self._end(entry, "error", str(error))
             return False

@@ -249,10 +249,11 @@ def _work(
     # The thinking budget's forced end replaces the lane's draw (and its verification).
     forced = budget.forced_next if sample and budget is not None else None
     # With speculation on, every decode lane verifies: proposals, or a width-one round.
-    speculation = sequence.speculation
-    if not (sample and chunk == 1 and not scored and forced is None):
-        speculation = None
+    verifies = sample and chunk == 1 and not scored and forced is None
+    part = sequence.speculation if verifies else None
+    drafts = part.lane(proposal or Proposal(), sequence.tokens_between, end) if part else None
     constraint = sequence.constraint
+    grammar = constraint.lane(len(sequence.prompt), sequence.answer_offset) if constraint else None
     return SlotWork(
         slot=cache.slot,
         epoch=cache.epoch,
@@ -263,15 +264,7 @@ def _work(
         sample=sample,
         sampling=sequence.sampling.lane(len(sequence.outputs), sample),
         prompt_targets=scoring.targets(start, chunk) if scored and scoring is not None else (),
-        speculation=(
-            speculation.lane(proposal or Proposal(), sequence.tokens_between, end)
-            if speculation is not None
-            else None
-        ),
-        grammar=(
-            constraint.lane(len(sequence.prompt), sequence.answer_offset)
-            if constraint is not None
-            else None
-        ),
+        speculation=drafts,
+        grammar=grammar,
         forced_token=forced,
     )

@@ -20,11 +20,11 @@ class SlotWork:
     Each feature adds one optional part. A `speculation` lane goes through verification (see
     `DraftLane`): its drafts are its last fed tokens, every fed token's row is a target row, and
     the commit emits the accepted drafts and one more token from `first_emitted_position` on. A
-    `grammar` lane samples from its grammar's allowed set (`GrammarLane`). A lane with a
-    `forced_token` (the thinking budget's forced end) emits that token instead of sampling one:
-    the record's forced mask marks it, no logprob is reduced and nothing drawn for it; such a lane
-    neither speculates nor is constrained. A scored prefill lane carries, per fed token, the
-    prompt token its row scores, or -1 for no score (`prompt_targets`).
+    `grammar` lane samples from its grammar's allowed set (`GrammarLane`). A `forced_token` (the
+    thinking budget's forced end) is emitted instead of a sampled one: the record's forced mask
+    marks it, no logprob is reduced and nothing drawn for it; its lane neither speculates nor is
+    constrained. A scored prefill lane carries, per fed token, the prompt token its row scores
+    (-1: none) in `prompt_targets`.
     """
 
     slot: int
@@ -50,11 +50,11 @@ class SlotWork:
             self.token_ids[-len(drafts) :] != drafts or len(drafts) >= len(self.token_ids)
         ):
             raise ValueError("drafts are the last fed tokens of a speculative lane, after one more")
-        feed = self.speculation.draft_feed if self.speculation is not None else ()
+        lane = self.speculation
         if (
-            feed
-            and self.speculation
-            and self.speculation.draft_start + len(feed) != self.end_position
+            lane
+            and lane.draft_feed
+            and lane.draft_start + len(lane.draft_feed) != self.end_position
         ):
             raise ValueError("the draft model catches up to the lane's last fed token")
         if self.prompt_targets and len(self.prompt_targets) != len(self.token_ids):

@@ -30,10 +30,14 @@ class PromptScoring:
         )
 
     def publish(
-        self, chunk_start: int, rows: Sequence[PromptScore | None] | None
-    ) -> tuple[PromptScore, ...]:
-        """The chunk's scores not yet published (see `new_prompt_scores`), now counted as
-        published; raises LogprobDataError for rows that break the contract."""
+        self, chunk_end: int, rows: Sequence[PromptScore | None] | None
+    ) -> tuple[int, tuple[PromptScore, ...]]:
+        """The scores of a scored chunk ending at `chunk_end` (one row per fed token) not yet
+        published (see `new_prompt_scores`), after the number of the first of them (row r
+        scores position r + 1); they count as published now. Raises LogprobDataError for
+        rows that break the contract."""
+        first = self.scored_rows + 1
+        chunk_start = chunk_end - (len(rows) if rows is not None else 0)
         fresh = new_prompt_scores(self._prompt, self.scored_rows, chunk_start, rows)
         self.scored_rows += len(fresh)
-        return fresh
+        return first, fresh
