@@ -238,7 +238,7 @@ class FakeExecutor:
 
     def _catch_up(self, work: SlotWork) -> None:
         """Brings the slot's matcher in step with the lane by the shared catch-up rule
-        (`domain.grammar_catch_up`), as GrammarLanes does."""
+        (`domain.structured.catch_up`), as GrammarLanes does."""
         if self._grammars is None or work.grammar is None:
             raise AssertionError("a lane is constrained, but the fake has no grammar compiler")
         state = self._matchers.get(work.slot)

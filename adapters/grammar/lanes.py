@@ -165,7 +165,7 @@ class GrammarLanes:
 
     def _catch_up(self, work: SlotWork) -> None:
         """Brings the slot's matcher in step with the lane by the shared catch-up rule
-        (`domain.grammar_catch_up`): a fresh one when it restarts, then the fed tokens it has
+        (`domain.structured.catch_up`): a fresh one when it restarts, then the fed tokens it has
         not yet accepted."""
         lane = self._lanes.get(work.slot)
         catch_up = grammar_catch_up(
