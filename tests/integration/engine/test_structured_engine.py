@@ -102,7 +102,8 @@ def test_random_grammars_sample_only_allowed_tokens_and_report_raw_values(
     tiny_model_dir, compiler, spec, temperature, top_k, speculative, seed
 ):
     engine, capture = spied_engine(tiny_model_dir, NGRAM if speculative else None)
-    prompt = tuple(engine._tokenizer.encode("the quick brown fox", add_special_tokens=False))  # noqa: SLF001
+    tokenizer = HfTokenizer.from_dir(tiny_model_dir)
+    prompt = tuple(tokenizer.encode("the quick brown fox", add_special_tokens=False))
     params = SamplingParams(temperature=temperature, top_k=top_k, seed=seed, max_tokens=24)
     requests = [
         EngineRequest(f"r{i}", prompt[i:], params, n=2, logprobs=LOGPROBS, grammar=spec)
@@ -124,7 +125,8 @@ def test_speculation_under_a_grammar_keeps_greedy_outputs_and_checks_drafts(tiny
     spec = GrammarSpec(GrammarKind.CHOICE, json.dumps(words))
     greedy = SamplingParams(temperature=0.0, max_tokens=40)
     plain_engine, _ = spied_engine(tiny_model_dir, None)
-    prompt = tuple(plain_engine._tokenizer.encode("the quick the quick", add_special_tokens=False))  # noqa: SLF001
+    tokenizer = HfTokenizer.from_dir(tiny_model_dir)
+    prompt = tuple(tokenizer.encode("the quick the quick", add_special_tokens=False))
     requests = [
         EngineRequest(f"r{i}", prompt[i:], greedy, logprobs=LOGPROBS, grammar=spec)
         for i in range(3)
