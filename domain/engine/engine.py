@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from domain.common.errors import OverloadedError
 from domain.emission.channel import OutputChannel
-from domain.engine.requests import Requests
+from domain.engine.admitted import AdmittedRequests
 from domain.engine.scheduler import Scheduler, SchedulerConfig
 from domain.logprobs.rules import LogprobLimits
 from domain.requests.engine_request import CheckedRequest, EngineRequest
@@ -84,7 +84,7 @@ class Engine:
                 scored_token_limit=geometry.scored_token_limit,
             )
         )
-        self._requests = Requests(
+        self._requests = AdmittedRequests(
             self._scheduler, self._tally, tokenizer, self.max_model_len, config.speculative
         )
         # Submissions (with their arrival times), and request IDs to abort, in arrival order.

@@ -1,4 +1,4 @@
-"""The requests an engine runs: admission into choices with their parts, commits, and ends."""
+"""The requests an engine has admitted: choices with their parts, their commits and their ends."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ class _Request:
     grammar: CompiledGrammar | None = None
 
 
-class Requests:
+class AdmittedRequests:
     """The admitted requests of one engine, touched by its thread only: each choice becomes a
     sequence with a part for each feature it uses, each committed record goes through its
     choice's output, and a request ends once every choice has, or at once when it fails."""
