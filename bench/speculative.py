@@ -26,11 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adapters.cli import bootstrap  # noqa: E402
 from adapters.gpu.factory import RunnerSettings  # noqa: E402
 from domain.engine.engine import Engine, EngineConfig  # noqa: E402
-from domain.engine.step_stats import StepStats  # noqa: E402
 from domain.logprobs.rules import LogprobAsk  # noqa: E402
 from domain.requests.engine_request import EngineRequest  # noqa: E402
 from domain.requests.sampling import SamplingParams  # noqa: E402
 from domain.speculation.drafts import SpeculativeConfig  # noqa: E402
+from domain.telemetry.step_stats import StepStats  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from domain.engine.channel import OutputChannel
+from domain.emission.channel import OutputChannel
 from domain.requests.engine_request import CheckedRequest, EngineRequest
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from domain.engine.step import ExecutorGeometry, FrameResult, StepPlan
+from domain.contract.frames import FrameResult
+from domain.contract.geometry import ExecutorGeometry
+from domain.engine.step import StepPlan
 
 
 class ModelExecutor(Protocol):
@@ -15,7 +17,7 @@ class ModelExecutor(Protocol):
       sampling lane's record has role SAMPLE and emits what `domain.engine.commit.commit_round`
       returns for the lane's sampled tokens, with that finish; a lane that only feeds prompt
       tokens has role PROMPT and emits nothing.
-    - A speculative lane (`SlotWork.speculative`) verifies its drafts (history drafts fed after
+    - A speculative lane (`SlotWork.speculation`) verifies its drafts (history drafts fed after
       its last token, or `propose` drafts from the executor's draft model): its record has role
       SPECULATIVE, `drafts offered`, and emits what `commit_round` returns for the accepted
       drafts plus the target's own next token, from `first_emitted_position`, with the

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from domain.engine.step_stats import StepStats
+from domain.telemetry.step_stats import StepStats
 
 
 class EngineObserver(Protocol):

@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from domain.common.errors import InvalidRequestError
+from domain.contract.frames import FrameResult, LaneFailure
+from domain.contract.geometry import ExecutorGeometry
 from domain.contract.records import CompletionRecord, Finish, Role
 from domain.engine.commit import commit_round, forced_round
-from domain.engine.grammar_catch_up import grammar_catch_up
-from domain.engine.step import ExecutorGeometry, FrameResult, LaneFailure, SlotWork, StepPlan
-from domain.engine.step_stats import SchedulerState, StepStats
+from domain.engine.step import SlotWork, StepPlan
 from domain.logprobs.prompt_scores import PromptScore
 from domain.logprobs.values import (
     NATURAL_TOP_K,
@@ -28,7 +29,9 @@ from domain.logprobs.values import (
     sort_key,
 )
 from domain.speculation.verdict import speculative_verdict
+from domain.structured.catch_up import grammar_catch_up
 from domain.structured.grammar import GrammarKind, GrammarSpec
+from domain.telemetry.step_stats import SchedulerState, StepStats
 
 if TYPE_CHECKING:
     from ports.executor import ModelExecutor
@@ -164,7 +167,7 @@ class FakeExecutor:
                     first_position=work.end_position,
                     finish=Finish.ERROR,
                 )
-                param = work.grammar.param if work.grammar is not None else None
+                param = work.grammar.spec.param if work.grammar is not None else None
                 failures.append(LaneFailure(work.slot, work.epoch, str(retired), param))
                 self._matchers.pop(work.slot, None)
             records.append(record)
@@ -192,7 +195,7 @@ class FakeExecutor:
             )
         if work.forced_token is not None:
             return self._forced(work)
-        if work.speculative:
+        if work.speculation is not None:
             return self._verify(work, context)
         emitted, finish, _ = commit_round(work, (self._sample(work, context),))
         self._advance(work, emitted)
@@ -235,7 +238,7 @@ class FakeExecutor:
 
     def _catch_up(self, work: SlotWork) -> None:
         """Brings the slot's matcher in step with the lane by the shared catch-up rule
-        (`domain.grammar_catch_up`), as GrammarLanes does."""
+        (`domain.structured.catch_up`), as GrammarLanes does."""
         if self._grammars is None or work.grammar is None:
             raise AssertionError("a lane is constrained, but the fake has no grammar compiler")
         state = self._matchers.get(work.slot)
@@ -243,10 +246,10 @@ class FakeExecutor:
             work, None if state is None else state[0], 0 if state is None else state[2]
         )
         if state is None or catch_up.restart:
-            state = (work.epoch, self._grammars.compile(work.grammar).matcher(), 0)
+            state = (work.epoch, self._grammars.compile(work.grammar.spec).matcher(), 0)
         epoch, matcher, generated = state
         if catch_up.unseen and not matcher.accept(catch_up.unseen):
-            raise _Retired(f"the {work.grammar.kind.value} output constraint broke mid-output")
+            raise _Retired(f"the {work.grammar.spec.kind.value} output constraint broke mid-output")
         self._matchers[work.slot] = (epoch, matcher, generated + len(catch_up.unseen))
 
     def _advance(self, work: SlotWork, emitted: Sequence[int]) -> None:
@@ -255,7 +258,7 @@ class FakeExecutor:
         epoch, matcher, generated = self._matchers[work.slot]
         if not matcher.accept(emitted):
             assert work.grammar is not None
-            raise _Retired(f"the {work.grammar.kind.value} output constraint broke mid-output")
+            raise _Retired(f"the {work.grammar.spec.kind.value} output constraint broke mid-output")
         self._matchers[work.slot] = (epoch, matcher, generated + len(emitted))
 
     def _sample(self, work: SlotWork, context: Sequence[int]) -> int:
@@ -266,7 +269,7 @@ class FakeExecutor:
         generated = len(context) - work.prompt_len + 1
         if self._eos_after is not None and generated > self._eos_after:
             token_id = FAKE_EOS
-        if token_id in work.banned_token_ids:
+        if token_id in work.sampling.banned_token_ids:
             token_id = 1 + token_id % (vocab_size - 1)
         if work.grammar is None:
             return token_id
@@ -297,28 +300,29 @@ class FakeExecutor:
         it must hold exactly the target's tokens below `draft_start`."""
         if self._draft_model is None:
             raise AssertionError("a lane asks for draft-model proposals; the fake has no draft")
+        lane = work.speculation
+        assert lane is not None
         cache = self._draft_contexts.setdefault(work.slot, [])
-        if (
-            len(cache) < work.draft_start
-            or cache[: work.draft_start] != context[: work.draft_start]
-        ):
+        start = lane.draft_start
+        if len(cache) < start or cache[:start] != context[:start]:
             raise AssertionError(
                 f"slot {work.slot}: draft cache of {len(cache)} positions cannot start at "
-                f"{work.draft_start} with the target's tokens"
+                f"{start} with the target's tokens"
             )
-        del cache[work.draft_start :]
-        cache.extend(work.draft_feed)
+        del cache[start:]
+        cache.extend(lane.draft_feed)
         drafts: list[int] = []
-        for index in range(work.propose):
+        for index in range(lane.propose):
             drafts.append(self._draft_model(cache, self.geometry.vocab_size))
-            if index < work.propose - 1:
+            if index < lane.propose - 1:
                 cache.append(drafts[-1])  # the last draft is never fed to the draft model
         return tuple(drafts)
 
     def _verify(self, work: SlotWork, context: list[int]) -> CompletionRecord:
         """Greedy verification under the shared speculative verdict (`domain.verdict`): a row
         keeps its draft when the draft is the model's choice there."""
-        drafts = self._propose(work, context) if work.propose else work.drafts
+        proposes = work.speculation is not None and work.speculation.propose > 0
+        drafts = self._propose(work, context) if proposes else work.drafts
         context.extend(drafts[len(work.drafts) :])  # proposed drafts are fed like history ones
         cached = len(context) - len(drafts)
         matcher = self._matchers[work.slot][1] if work.grammar is not None else None
@@ -354,7 +358,7 @@ class FakeExecutor:
         self, work: SlotWork, context: list[int], record: CompletionRecord
     ) -> tuple[PositionLogprobs, ...] | None:
         """Each emitted token's position, scored after the tokens before it."""
-        if work.logprobs is None or not self.geometry.logprob_top_k:
+        if work.sampling.logprobs is None or not self.geometry.logprob_top_k:
             return None
         geometry = self.geometry
         before = list(context[: record.first_position])
@@ -364,7 +368,7 @@ class FakeExecutor:
                 fake_position(
                     before,
                     token_id,
-                    work.logprobs,
+                    work.sampling.logprobs,
                     geometry.logprob_top_k,
                     geometry.vocab_size,
                     self._model,
@@ -498,6 +502,14 @@ class RecordingObserver:
     @property
     def state(self) -> SchedulerState:
         return self.steps[-1].state if self.steps else SchedulerState()
+
+    def settled(self, timeout: float = 10.0) -> bool:
+        """Waits until the last reported occupancy is empty (nothing running or waiting, every
+        KV block free); the engine reports after the step that freed them, from its thread."""
+        deadline = time.monotonic() + timeout
+        while self.state != SchedulerState() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.state == SchedulerState()
 
 
 class ManualClock:

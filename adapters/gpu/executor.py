@@ -24,9 +24,11 @@ from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
 from adapters.gpu.scoring.prompt_scorer import PromptScorer
 from adapters.gpu.scoring.prompt_scorer_vp import VocabParallelPromptScorer
 from adapters.gpu.speculation.draft_runner import DraftRunner
+from domain.contract.frames import FrameResult, LaneFailure
+from domain.contract.geometry import ExecutorGeometry
 from domain.contract.records import CompletionRecord, Finish, Role
 from domain.engine.commit import commit_round, forced_round
-from domain.engine.step import ExecutorGeometry, FrameResult, LaneFailure, SlotWork, StepPlan
+from domain.engine.step import SlotWork, StepPlan
 from domain.logprobs.prompt_scores import PROMPT_ROW_WORDS
 from domain.speculation.verdict import speculative_verdict
 from ports.grammar import MaskingCompiler
@@ -174,7 +176,10 @@ class TorchExecutor:
         drafts, q = self._drafts(sampling)
         first_rows = list(
             itertools.accumulate(
-                (1 + len(d) if w.speculative else 1 for w, d in zip(sampling, drafts, strict=True)),
+                (
+                    1 + len(d) if w.speculation is not None else 1
+                    for w, d in zip(sampling, drafts, strict=True)
+                ),
                 initial=0,
             )
         )[:-1]
@@ -184,7 +189,7 @@ class TorchExecutor:
         chunks = []
         for work in plan.works:
             extra = next(proposed) if work.sample and work.forced_token is None else ()
-            fed = work.token_ids + extra if work.propose else work.token_ids
+            fed = work.token_ids + extra if _proposes(work) else work.token_ids
             chunks.append(SequenceChunk(fed, work.start_position, work.block_table))
         batch = ForwardBatch.build(chunks, self._geometry.block_size, self._device)
         hidden = self._model(batch, self._kv_cache)
@@ -204,7 +209,7 @@ class TorchExecutor:
         rows: list[int] = []
         for index, work in enumerate(plan.works):
             if work.sample and work.forced_token is None:
-                count = 1 + len(next(lane_drafts)) if work.speculative else 1
+                count = 1 + len(next(lane_drafts)) if work.speculation is not None else 1
                 rows.extend(range(ends[index] - count, ends[index]))
         selected = torch.tensor(rows, dtype=torch.int64, device=self._device)
         raw_logits = self._model.compute_logits(hidden[selected])  # [R, V_model] float32
@@ -220,7 +225,7 @@ class TorchExecutor:
             tensors = dataclasses.replace(
                 tensors, mask_rows=row_masks.rows, token_bitmask=self._shard_words(row_masks)
             )
-        if not any(work.speculative for work in sampling):
+        if not any(work.speculation is not None for work in sampling):
             (chosen,) = self._agree(self._sampler.sample(logits, tensors))
             plain = _Round(
                 raw_logits,
@@ -280,14 +285,14 @@ class TorchExecutor:
     ) -> tuple[list[tuple[int, ...]], torch.Tensor | None]:
         """Each sampling lane's drafts: its history drafts, or its draft model's proposals
         (then also their distributions q, lane after lane)."""
-        proposing = [work for work in sampling if work.propose]
+        proposing = [work for work in sampling if _proposes(work)]
         if not proposing:
             return [work.drafts for work in sampling], None
         if self._draft is None:
             raise ValueError("a lane asks for draft-model proposals, but no draft model is loaded")
         proposals = self._draft.propose(proposing)
         made = iter(proposals.drafts)
-        return [next(made) if work.propose else work.drafts for work in sampling], proposals.q
+        return [next(made) if _proposes(work) else work.drafts for work in sampling], proposals.q
 
     def _commit(
         self, frame: int, plan: StepPlan, sampled: _Round | None, failed: dict[int, str]
@@ -317,7 +322,7 @@ class TorchExecutor:
         for work, outcome in zip(plan.works, outcomes, strict=True):
             if work.slot in retired:
                 records.append(_retired_record(work))
-                param = work.grammar.param if work.grammar is not None else None
+                param = work.grammar.spec.param if work.grammar is not None else None
                 failures.append(LaneFailure(work.slot, work.epoch, retired[work.slot], param))
                 continue
             if work.forced_token is not None:
@@ -339,7 +344,7 @@ class TorchExecutor:
                 CompletionRecord(
                     slot=work.slot,
                     epoch=work.epoch,
-                    role=Role.SPECULATIVE if work.speculative else Role.SAMPLE,
+                    role=Role.SPECULATIVE if work.speculation is not None else Role.SAMPLE,
                     tokens=emitted,
                     first_position=work.first_emitted_position,
                     finish=finish,
@@ -386,7 +391,7 @@ class TorchExecutor:
         """The logprob writer: after the commit, over the raw target rows of emitted positions
         only (accepted drafts, the correction, the bonus); rejected and unoffered rows are
         never read."""
-        if not any(work.logprobs is not None for work in plan.works if work.sample):
+        if not any(work.sampling.logprobs is not None for work in plan.works if work.sample):
             return
         rows, slots, positions, chosen = [], [], [], []
         drawing = zip(plan.works, records, strict=True)
@@ -398,6 +403,11 @@ class TorchExecutor:
                 positions.append(position)
                 chosen.append(token_id)
         self._outputs.reduce(frame, sampled.raw_logits, rows, slots, positions, chosen)
+
+
+def _proposes(work: SlotWork) -> bool:
+    """The lane's drafts come from the executor's draft model."""
+    return work.speculation is not None and work.speculation.propose > 0
 
 
 def _drawing(plan: StepPlan) -> list[SlotWork]:

@@ -17,10 +17,10 @@ from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
 from adapters.gpu.speculation.draft_runner import DraftRunner
 from adapters.grammar.llguidance_compiler import LlguidanceCompiler
 from adapters.tokenizer.hf import HfTokenizer
+from domain.cache.blocks import blocks_needed
 from domain.contract.capabilities import FULL_LOGPROBS, LogprobCapability
+from domain.contract.geometry import ExecutorGeometry
 from domain.contract.records import resolve_token_capacity
-from domain.engine.blocks import blocks_needed
-from domain.engine.step import ExecutorGeometry
 
 _CAPACITY_ALIGNMENT = 8
 _LOGPROB_BACKENDS = ("auto", "reference", "triton")

@@ -8,8 +8,8 @@ import functools
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
+from domain.emission.channel import OutputChannel
 from domain.emission.outputs import ChoiceDelta, PromptScores, RequestEnd
-from domain.engine.channel import OutputChannel
 from domain.requests.engine_request import CheckedRequest, EngineRequest
 from ports.engine_client import EngineClient
 

@@ -7,7 +7,7 @@ from typing import Final
 from prometheus_client import Counter, Gauge, Histogram
 
 from adapters.metrics.registry import CONTENT_TYPE, MetricsRegistry
-from domain.engine.step_stats import FINISH_REASONS, StepStats
+from domain.telemetry.step_stats import FINISH_REASONS, StepStats
 
 # vLLM's bucket boundaries (vllm/v1/metrics/loggers.py), so dashboards built for it read ours.
 TIME_TO_FIRST_TOKEN_BUCKETS = (

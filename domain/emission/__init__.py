@@ -3,5 +3,7 @@ for which emitted tokens get logprob entries and in which part of the output (`e
 tokens, stop tokens, stop strings, echo, and the part a parser finds a token in); the per-choice
 emission state machine that applies it (`choice`); stop-string matching with hold-back
 (`stops`); incremental detokenization into whole UTF-8 characters and their offsets
-(`detokenizer`); and the deltas and end a request's consumer receives (`outputs`).
+(`detokenizer`); the deltas and end a request's consumer receives (`outputs`), the bounded
+channel they travel in from the engine thread (`channel`), and one request's consumer side, its
+choices' machines feeding its channel (`request_output`).
 """

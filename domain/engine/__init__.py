@@ -1,7 +1,7 @@
-"""The engine use case and its machinery: admission, steps through the executor port and choice
-deltas out (`engine`); continuous batching with chunked prefill and preemption (`scheduler`)
-over choices (`sequence`), slots (`slots`) and KV blocks (`blocks`); what one step asks of the
-executor (`step`); the commit rule every executor applies (`commit`); which fed tokens a
-grammar matcher must still consume (`grammar_catch_up`); the bounded channel to each consumer
-(`channel`); and what the steps did, for metrics (`step_stats`, `step_tally`).
+"""The engine core: admission, steps through the executor port and choice deltas out (`engine`);
+the admitted requests, each choice a sequence with one part per feature it uses, their commits
+and ends (`admitted`); continuous batching with chunked prefill and preemption (`scheduler`)
+over sequences, each keeping a choice's identity and progress (`sequence`); what one step asks
+of the executor, each lane carrying its features' parts (`step`); and the commit rule every
+executor applies (`commit`). Features keep their state and rules in their own packages.
 """

@@ -6,33 +6,6 @@ from collections.abc import Iterable, Sequence
 
 from domain.contract.records import Finish
 from domain.engine.step import SlotWork
-from domain.requests.sampling import SamplingParams
-
-
-def stop_token_ids(
-    params: SamplingParams, eos_token_ids: frozenset[int], *, constrained: bool = False
-) -> frozenset[int]:
-    """Tokens whose emission ends a choice: `stop_token_ids`, and EOS unless `ignore_eos`.
-
-    A constrained choice's grammar allows EOS only once its output is complete, and then EOS
-    ends it, `ignore_eos` or not: nothing may follow a complete output.
-    """
-    stops = frozenset(params.stop_token_ids)
-    return stops if params.ignore_eos and not constrained else stops | eos_token_ids
-
-
-def min_tokens_ban(
-    params: SamplingParams, eos_token_ids: frozenset[int], *, constrained: bool = False
-) -> tuple[int, ...]:
-    """Tokens that cannot be sampled until `min_tokens` are generated: every stop token and
-    EOS (also under `ignore_eos`, as vLLM bans it), ascending.
-
-    None for a constrained choice: its grammar decides where the output ends, and a ban could
-    leave a complete output no token to end with.
-    """
-    if constrained:
-        return ()
-    return tuple(sorted(frozenset(params.stop_token_ids) | eos_token_ids))
 
 
 def emitted_prefix(
@@ -67,7 +40,7 @@ def commit_round(
     """
     if not 0 <= accepted < max(len(sampled), 1):
         raise ValueError(f"{accepted} accepted drafts in a round of {len(sampled)} tokens")
-    emitted, finish = emitted_prefix(sampled, work.stop_token_ids, work.remaining)
+    emitted, finish = emitted_prefix(sampled, work.sampling.stop_token_ids, work.sampling.remaining)
     return emitted, finish, min(accepted, len(emitted))
 
 
@@ -76,5 +49,7 @@ def forced_round(work: SlotWork) -> tuple[tuple[int, ...], Finish, int]:
     rules, and the forced mask that marks it (bit 0, the record's first token)."""
     if work.forced_token is None:
         raise ValueError("the lane has no forced token")
-    emitted, finish = emitted_prefix((work.forced_token,), work.stop_token_ids, work.remaining)
+    emitted, finish = emitted_prefix(
+        (work.forced_token,), work.sampling.stop_token_ids, work.sampling.remaining
+    )
     return emitted, finish, 1

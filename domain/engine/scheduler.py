@@ -5,19 +5,13 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from domain.contract.records import CompletionRecord, Role
-from domain.engine.blocks import BlockAllocator, blocks_needed
+from domain.cache.blocks import BlockAllocator, blocks_needed
+from domain.cache.slots import SlotTable
+from domain.contract.records import CompletionRecord
 from domain.engine.sequence import Sequence, SequenceState
-from domain.engine.slots import SlotTable
 from domain.engine.step import SlotWork, StepPlan
-from domain.logprobs.prompt_scores import prompt_targets
-from domain.logprobs.values import NO_TOKEN
-from domain.speculation.drafts import (
-    NgramProposer,
-    SpeculativeConfig,
-    SpeculativeMethod,
-    next_draft_limit,
-)
+from domain.speculation.choice import Proposal
+from domain.telemetry.step_stats import SchedulerState
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,20 +25,10 @@ class SchedulerConfig:
     max_model_len: int
     # Rows one scored prefill may hold (the largest scored capacity); 0: no scoring.
     scored_token_limit: int = 0
-    # Decode lanes verify proposals (history n-grams) when set.
-    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
-        if (
-            min(
-                self.max_num_seqs,
-                self.max_num_batched_tokens,
-                self.block_size,
-                self.num_blocks,
-                self.max_model_len,
-            )
-            < 1
-        ):
+        limits = (self.max_num_seqs, self.max_num_batched_tokens, self.block_size)
+        if min(*limits, self.num_blocks, self.max_model_len) < 1:
             raise ValueError("scheduler limits must be positive")
         if self.scored_token_limit < 0:
             raise ValueError("scored_token_limit must be non-negative")
@@ -70,34 +54,16 @@ class Scheduler:
         self._running: list[Sequence] = []
         self._by_slot: dict[int, Sequence] = {}
         self._scored_turn = False
-        self._preemptions = 0
+        self.num_preemptions = 0
 
     @property
     def num_waiting(self) -> int:
         return len(self._waiting)
 
-    @property
-    def num_running(self) -> int:
-        return len(self._running)
-
-    @property
-    def num_free_blocks(self) -> int:
-        return self._blocks.num_free
-
-    @property
-    def num_free_slots(self) -> int:
-        return self._slots.num_free
-
-    @property
-    def num_preemptions(self) -> int:
-        """Preemptions since the scheduler started."""
-        return self._preemptions
-
-    @property
-    def kv_cache_usage(self) -> float:
-        """The fraction of KV blocks held by sequences, 0 to 1."""
-        total = self._config.num_blocks
-        return (total - self._blocks.num_free) / total
+    def occupancy(self) -> SchedulerState:
+        """Sequences running and waiting, and the fraction of KV blocks they hold."""
+        held = (self._config.num_blocks - self._blocks.num_free) / self._config.num_blocks
+        return SchedulerState(len(self._running), len(self._waiting), held)
 
     def sequence_in(self, slot: int) -> Sequence | None:
         """The sequence holding `slot`, if one does."""
@@ -137,16 +103,15 @@ class Scheduler:
                 break
             if sequence.state is not SequenceState.RUNNING:
                 continue
-            chunk = min(sequence.num_tokens - sequence.num_computed, budget)
+            chunk = min(sequence.num_tokens - sequence.cache.num_computed, budget)
             if chunk < 1:
                 continue
-            sequence.pending_proposals = 0
-            drafts = () if scored else self._drafts(sequence, chunk, budget)
+            proposal = None if scored else _proposal(sequence, chunk, budget)
             # Drafts, known or still to be proposed, take cache positions and budget too.
-            room = chunk + len(drafts) + sequence.pending_proposals
+            room = chunk + (proposal.room if proposal is not None else 0)
             if not self._reserve(sequence, room):
                 break
-            works.append(self._work(sequence, chunk, scored, drafts))
+            works.append(_work(sequence, chunk, scored, proposal))
             budget -= room
         while self._waiting and budget > 0 and self._slots.num_free:
             sequence = self._waiting[0]
@@ -158,7 +123,7 @@ class Scheduler:
             self._waiting.popleft()
             self._admit(sequence)
             self._reserve(sequence, chunk)
-            works.append(self._work(sequence, chunk, scored))
+            works.append(_work(sequence, chunk, scored))
             budget -= chunk
         return StepPlan(tuple(works), scored=scored) if works else None
 
@@ -172,73 +137,28 @@ class Scheduler:
         advanced = []
         for lane, record in enumerate(records):
             sequence = self._by_slot.get(record.slot)
-            if sequence is None or sequence.epoch != record.epoch or not sequence.in_flight:
+            cache = sequence.cache if sequence is not None else None
+            if sequence is None or cache is None or cache.epoch != record.epoch:
+                continue
+            if not cache.in_flight:
                 continue
             # Of the drafts fed after the chunk, only the accepted ones left valid cache entries.
-            sequence.num_computed += sequence.in_flight + record.drafts_accepted
-            if record.role is Role.SPECULATIVE and sequence.draft_model and record.drafts_offered:
-                # The draft model fed the lane's last token and every draft but the last.
-                kept = min(record.drafts_accepted, record.drafts_offered - 1)
-                sequence.draft_computed = record.first_position + kept
-            if record.drafts_offered:
-                sequence.draft_limit = next_draft_limit(
-                    sequence.draft_limit, record.drafts_offered, record.drafts_accepted
-                )
-            sequence.in_flight = 0
+            cache.num_computed += cache.in_flight + record.drafts_accepted
+            cache.in_flight = 0
+            if sequence.speculation is not None:
+                offered, accepted = record.drafts_offered, record.drafts_accepted
+                sequence.speculation.verified(offered, accepted, record.first_position)
             advanced.append((sequence, record, lane))
         return advanced
 
     def extend(self, sequence: Sequence, tokens: tuple[int, ...]) -> None:
         """Appends a record's kept tokens to the sequence's outputs (the next step feeds the
-        last of them; the accepted drafts before it are already in the cache)."""
+        last of them; the accepted drafts before it are already in the cache) and shows them to
+        the parts that follow the outputs."""
         sequence.outputs.extend(tokens)
-        if sequence.proposer is not None:
-            sequence.proposer.extend(tokens)
-        if sequence.thinking is not None:
-            sequence.thinking.observe(tokens)
-
-    def _draft_limit(self, sequence: Sequence, chunk: int, budget: int) -> int:
-        """Drafts a decode lane may carry: up to k (fewer after rejections, see
-        `next_draft_limit`), within the token budget and one short of the remaining output
-        budget (a round also emits the target's own token); none before `min_tokens` are out,
-        whose bans a width-one round applies, and none past the thinking budget."""
-        speculative = self._config.speculative
-        decoding = chunk == 1 and sequence.num_computed + 1 == sequence.num_tokens
-        if speculative is None or not decoding:
-            return 0
-        if len(sequence.outputs) < sequence.params.min_tokens:
-            return 0
-        k = speculative.num_speculative_tokens
-        limit = min(k, sequence.draft_limit or k, sequence.remaining - 1, budget - 1)
-        room = sequence.thinking_room
-        if room is not None:
-            # Drafts are cut so that no round runs past a token the thinking budget forces;
-            # a lane with a forced token pending does not speculate at all (room 0).
-            limit = min(limit, room - 1)
-        if sequence.awaits_grammar:
-            # A draft past the reasoning's end would emit answer tokens the grammar never saw.
-            return 0
-        return max(0, limit)
-
-    def _drafts(self, sequence: Sequence, chunk: int, budget: int) -> tuple[int, ...]:
-        """The lane's history proposals (ngram); for a draft-model lane it only sets how many
-        drafts its executor proposes (`pending_proposals`), which reserve room like drafts."""
-        speculative = self._config.speculative
-        limit = self._draft_limit(sequence, chunk, budget)
-        sequence.pending_proposals = 0
-        if speculative is None or limit < 1:
-            return ()
-        if speculative.method is SpeculativeMethod.DRAFT_MODEL:
-            sequence.draft_model = True
-            sequence.pending_proposals = limit
-            return ()
-        if sequence.proposer is None:
-            sequence.proposer = NgramProposer(
-                speculative.prompt_lookup_min,
-                speculative.prompt_lookup_max,
-                sequence.prompt + tuple(sequence.outputs),
-            )
-        return sequence.proposer.propose(limit)
+        for part in (sequence.speculation, sequence.thinking):
+            if part is not None:
+                part.observe(tokens)
 
     def finish(self, sequence: Sequence) -> None:
         """Ends a sequence wherever it is (never queued included) and frees its slot and blocks
@@ -251,101 +171,100 @@ class Scheduler:
         sequence.state = SequenceState.FINISHED
 
     def _admit(self, sequence: Sequence) -> None:
-        sequence.slot, sequence.epoch = self._slots.acquire()
+        cache = sequence.cache
+        cache.slot, cache.epoch = self._slots.acquire()
+        cache.num_computed = 0
         sequence.state = SequenceState.RUNNING
-        sequence.num_computed = 0
-        self._by_slot[sequence.slot] = sequence
+        self._by_slot[cache.slot] = sequence
         self._running.append(sequence)
 
     def _reserve(self, sequence: Sequence, chunk: int) -> bool:
         """Allocates blocks for the chunk, preempting the newest sequences if needed."""
-        needed = blocks_needed(sequence.num_computed + chunk, self._config.block_size)
-        missing = needed - len(sequence.blocks)
+        cache = sequence.cache
+        missing = blocks_needed(cache.num_computed + chunk, self._config.block_size)
+        missing -= len(cache.blocks)
         while missing > self._blocks.num_free:
             victim = self._running[-1]
             self._preempt(victim)
             if victim is sequence:
                 return False
         if missing > 0:
-            sequence.blocks.extend(self._blocks.allocate(missing))
+            cache.blocks.extend(self._blocks.allocate(missing))
         return True
 
     def _preempt(self, sequence: Sequence) -> None:
         self._running.remove(sequence)
         self._release(sequence)
         sequence.state = SequenceState.WAITING
-        sequence.num_computed = 0
-        sequence.draft_computed = 0
+        sequence.cache.num_computed = 0
+        if sequence.speculation is not None:
+            sequence.speculation.preempted()
         sequence.num_preemptions += 1
-        self._preemptions += 1
+        self.num_preemptions += 1
         self._waiting.appendleft(sequence)
 
     def _release(self, sequence: Sequence) -> None:
-        self._blocks.free(sequence.blocks)
-        sequence.blocks = []
-        if sequence.slot is not None:
-            del self._by_slot[sequence.slot]
-            self._slots.release(sequence.slot)
-            sequence.slot = None
-        sequence.in_flight = 0
-
-    def _work(
-        self, sequence: Sequence, chunk: int, scored: bool = False, drafts: tuple[int, ...] = ()
-    ) -> SlotWork:
-        start = sequence.num_computed
-        end = start + chunk
-        # A zero output budget (echo of a scored prompt) prefills without sampling.
-        sample = end == sequence.num_tokens and sequence.remaining > 0
-        if sequence.slot is None:
-            raise ValueError(f"sequence {sequence.request_id} is planned without a slot")
-        sequence.in_flight = chunk
-        # The thinking budget's forced end replaces the lane's draw (and its verification).
-        forced = sequence.forced_token if sample else None
-        # With speculation on, every decode lane verifies: proposals, or a width-one round.
-        speculative = (
-            self._config.speculative is not None
-            and sample
-            and chunk == 1
-            and not scored
-            and forced is None
-        )
-        propose = sequence.pending_proposals if speculative and sequence.draft_model else 0
-        banned = sequence.banned_until_min_tokens
-        if len(sequence.outputs) >= sequence.params.min_tokens:
-            banned = ()
-        # The grammar travels only once it has started (after the reasoning, when the output
-        # begins inside it): until then the lane is free text.
-        grammar_start = sequence.grammar_start
-        return SlotWork(
-            slot=sequence.slot,
-            epoch=sequence.epoch,
-            token_ids=sequence.tokens_between(start, end) + drafts,
-            start_position=start,
-            block_table=tuple(sequence.blocks),
-            prompt_len=len(sequence.prompt),
-            sample=sample,
-            params=sequence.params,
-            seed=sequence.seed,
-            stop_token_ids=sequence.stop_token_ids,
-            banned_token_ids=banned,
-            remaining=max(sequence.remaining, 1),
-            logprobs=sequence.logprobs if sample else None,
-            prompt_targets=_unscored_targets(sequence, start, chunk) if scored else (),
-            speculative=speculative,
-            drafts=drafts,
-            propose=propose,
-            draft_feed=sequence.tokens_between(sequence.draft_computed, end) if propose else (),
-            draft_start=sequence.draft_computed if propose else 0,
-            grammar=sequence.grammar if grammar_start is not None else None,
-            grammar_start=grammar_start,
-            forced_token=forced,
-        )
+        cache = sequence.cache
+        self._blocks.free(cache.blocks)
+        cache.blocks = []
+        if cache.slot is not None:
+            del self._by_slot[cache.slot]
+            self._slots.release(cache.slot)
+            cache.slot = None
+        cache.in_flight = 0
 
 
-def _unscored_targets(sequence: Sequence, start: int, chunk: int) -> tuple[int, ...]:
-    """The chunk's prompt targets, with -1 for rows already published before a preemption."""
-    targets = prompt_targets(sequence.prompt, start, chunk)
-    return tuple(
-        target if start + row >= sequence.scored_rows else NO_TOKEN
-        for row, target in enumerate(targets)
+def _proposal(sequence: Sequence, chunk: int, budget: int) -> Proposal | None:
+    """What speculation adds to a decode lane: drafts within the token budget and one short of
+    the remaining output budget (a round also emits the target's own token). None before
+    `min_tokens` are out, whose bans a width-one round applies, and none while a grammar waits
+    for the reasoning's end: a draft past it would emit answer tokens the grammar never saw."""
+    speculation = sequence.speculation
+    decoding = chunk == 1 and sequence.cache.num_computed + 1 == sequence.num_tokens
+    if speculation is None or not decoding or sequence.awaits_grammar:
+        return None
+    if len(sequence.outputs) < sequence.sampling.params.min_tokens:
+        return None
+    cap = min(sequence.remaining - 1, budget - 1)
+    if sequence.budget is not None:
+        # No round runs past a token the thinking budget forces; a lane with a forced token
+        # pending does not speculate at all (room 0).
+        cap = min(cap, sequence.budget.room - 1)
+    return speculation.propose(lambda: sequence.prompt + tuple(sequence.outputs), cap)
+
+
+def _work(
+    sequence: Sequence, chunk: int, scored: bool, proposal: Proposal | None = None
+) -> SlotWork:
+    """The lane of a planned chunk: the core's tokens and sampling, and what each of the
+    sequence's parts adds to it."""
+    cache = sequence.cache
+    start, end = cache.num_computed, cache.num_computed + chunk
+    if cache.slot is None:
+        raise ValueError(f"sequence {sequence.request_id} is planned without a slot")
+    cache.in_flight = chunk
+    # A zero output budget (echo of a scored prompt) prefills without sampling.
+    sample = end == sequence.num_tokens and sequence.remaining > 0
+    budget, scoring = sequence.budget, sequence.scoring
+    # The thinking budget's forced end replaces the lane's draw (and its verification).
+    forced = budget.forced_next if sample and budget is not None else None
+    # With speculation on, every decode lane verifies: proposals, or a width-one round.
+    verifies = sample and chunk == 1 and not scored and forced is None
+    part = sequence.speculation if verifies else None
+    drafts = part.lane(proposal or Proposal(), sequence.tokens_between, end) if part else None
+    constraint = sequence.constraint
+    grammar = constraint.lane(len(sequence.prompt), sequence.answer_offset) if constraint else None
+    return SlotWork(
+        slot=cache.slot,
+        epoch=cache.epoch,
+        token_ids=sequence.tokens_between(start, end) + (proposal.drafts if proposal else ()),
+        start_position=start,
+        block_table=tuple(cache.blocks),
+        prompt_len=len(sequence.prompt),
+        sample=sample,
+        sampling=sequence.sampling.lane(len(sequence.outputs), sample),
+        prompt_targets=scoring.targets(start, chunk) if scored and scoring is not None else (),
+        speculation=drafts,
+        grammar=grammar,
+        forced_token=forced,
     )

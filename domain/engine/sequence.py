@@ -1,15 +1,16 @@
-"""One generated choice of a request as the scheduler sees it: tokens, slot, blocks, progress."""
+"""One generated choice of a request as the scheduler sees it: identity, progress and parts."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
 
-from domain.logprobs.values import LogprobOptions
+from domain.cache.placement import CachePlacement
+from domain.logprobs.scoring import PromptScoring
 from domain.reasoning.thinking import ThinkingTracker
-from domain.requests.sampling import SamplingParams
-from domain.speculation.drafts import NgramProposer
-from domain.structured.grammar import GrammarSpec
+from domain.requests.choice_sampling import ChoiceSampling
+from domain.speculation.choice import ChoiceSpeculation
+from domain.structured.constraint import OutputConstraint
 
 
 class SequenceState(enum.Enum):
@@ -22,93 +23,61 @@ class SequenceState(enum.Enum):
 class Sequence:
     """Mutable progress of one choice; only the scheduler and the engine change it.
 
-    `num_computed` counts tokens whose KV is in the cache; `outputs` are emitted tokens.
-    A preempted sequence drops its blocks and slot and later re-prefills prompt plus outputs.
+    A preempted sequence drops its cache placement and later re-prefills prompt plus outputs.
+    Each feature keeps its state in one optional part of its own package: `speculation`,
+    `thinking` (the budget's tracker over prompt and outputs, so a preempted choice resumes it
+    after re-prefill), `constraint` (the output grammar) and `scoring` (the prompt's scores).
     """
 
     request_id: str
     index: int
     prompt: tuple[int, ...]
-    params: SamplingParams
-    seed: int
-    max_tokens: int
-    stop_token_ids: frozenset[int]
-    banned_until_min_tokens: tuple[int, ...]
-    arrival: int
+    sampling: ChoiceSampling
     outputs: list[int] = field(default_factory=list)
     state: SequenceState = SequenceState.WAITING
-    slot: int | None = None
-    epoch: int = 0
-    blocks: list[int] = field(default_factory=list)
-    num_computed: int = 0
-    in_flight: int = 0
+    cache: CachePlacement = field(default_factory=CachePlacement)
     num_preemptions: int = 0
-    logprobs: LogprobOptions | None = None
-    # The output constraint; the executor walks it over the sequence's tokens from
-    # `grammar_start` on (after the reasoning, when the output begins inside it).
-    grammar: GrammarSpec | None = None
-    # Prompt scoring: whether this choice scores its prompt, and how many prompt rows (row r
-    # scores position r + 1) are published; preemption keeps the count, so nothing repeats.
-    score_prompt: bool = False
-    scored_rows: int = 0
-    # History proposals (speculative decoding with ngram), built at the first decode step and
-    # extended with every kept output token.
-    proposer: NgramProposer | None = None
-    # Drafts to offer next round (0: the configured k), adapted to how many recently stood.
-    draft_limit: int = 0
-    # Draft-model speculation: whether this sequence's drafts come from the executor's draft
-    # model, how many it proposes this step, and how many positions its cache holds (kept in
-    # step with acceptance; zero after a preemption, which frees the blocks both caches use).
-    draft_model: bool = False
-    pending_proposals: int = 0
-    draft_computed: int = 0
-    # The thinking budget's state over prompt and outputs; it lives with the choice, so a
-    # preempted choice resumes it after re-prefill.
+    speculation: ChoiceSpeculation | None = None
     thinking: ThinkingTracker | None = None
+    constraint: OutputConstraint | None = None
+    scoring: PromptScoring | None = None
 
     @property
-    def grammar_start(self) -> int | None:
-        """The position of the first token the grammar constrains: the first output token,
-        or, when the output begins inside reasoning, the token after the end that closes it
-        (None until then). None as well for a choice without a grammar."""
-        if self.grammar is None:
-            return None
-        offset = 0 if self.thinking is None else self.thinking.answer_offset
-        return None if offset is None else len(self.prompt) + offset
+    def answer_offset(self) -> int | None:
+        """Where the answer begins within the output: at once without a thinking budget, after
+        the reasoning's end with one (None while it is open)."""
+        return 0 if self.thinking is None else self.thinking.answer_offset
 
     @property
     def awaits_grammar(self) -> bool:
         """The choice has a grammar that starts after reasoning still going on."""
-        return self.grammar is not None and self.grammar_start is None
+        return self.constraint is not None and self.answer_offset is None
 
     @property
-    def forced_token(self) -> int | None:
-        """The token the next emission must be (the thinking budget's end), if any; none once
-        a grammar has started, which owns every later token."""
-        if self.thinking is None or self.grammar_start is not None:
+    def budget(self) -> ThinkingTracker | None:
+        """The thinking budget's tracker while it applies: it may force the reasoning's end
+        (`forced_next`) and bounds what a round emits (`room`); not once a grammar has started,
+        which owns every later token."""
+        if self.constraint is not None and self.answer_offset is not None:
             return None
-        return self.thinking.forced_next
-
-    @property
-    def thinking_room(self) -> int | None:
-        """Tokens one round may emit before the thinking budget forces one (see
-        `ThinkingTracker.room`); None when no budget applies."""
-        if self.thinking is None or self.grammar_start is not None:
-            return None
-        return self.thinking.room
+        return self.thinking
 
     @property
     def needs_scoring(self) -> bool:
-        """Prompt rows remain unpublished; such a sequence runs only in scored steps."""
-        return self.score_prompt and self.scored_rows < len(self.prompt) - 1
+        return self.scoring is not None and self.scoring.pending
 
     @property
     def prefill_done(self) -> bool:
-        return self.num_computed >= self.num_tokens
+        return self.cache.num_computed >= self.num_tokens
 
     @property
     def num_tokens(self) -> int:
         return len(self.prompt) + len(self.outputs)
+
+    @property
+    def remaining(self) -> int:
+        """Tokens this choice may still emit."""
+        return self.sampling.max_tokens - len(self.outputs)
 
     def tokens_between(self, start: int, end: int) -> tuple[int, ...]:
         prompt_len = len(self.prompt)
@@ -117,8 +86,3 @@ class Sequence:
         if start >= prompt_len:
             return tuple(self.outputs[start - prompt_len : end - prompt_len])
         return self.prompt[start:] + tuple(self.outputs[: end - prompt_len])
-
-    @property
-    def remaining(self) -> int:
-        """Tokens this choice may still emit."""
-        return self.max_tokens - len(self.outputs)

@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING
 
 from domain.common.errors import InvalidRequestError
 from domain.common.ranges import CHOICES, check_token_ids
-from domain.logprobs.rules import NO_LOGPROBS_ASKED, LogprobAsk
+from domain.logprobs.rules import NO_LOGPROBS_ASKED, LogprobAsk, LogprobLimits, check_logprob_ask
 from domain.logprobs.values import LogprobOptions
 from domain.reasoning.thinking import ThinkingBudget
 from domain.requests.sampling import SamplingParams
 from domain.structured.grammar import GrammarSpec
 
 if TYPE_CHECKING:  # the domain names the port's type only
-    from ports.grammar import CompiledGrammar
+    from ports.grammar import CompiledGrammar, GrammarCompiler
 
 _SEED_MIX = 0x9E3779B97F4A7C15
 _SEED_MASK = (1 << 64) - 1
@@ -109,6 +109,29 @@ class CheckedRequest:
     request: EngineRequest
     issuer: object = field(compare=False, repr=False)
     grammar: CompiledGrammar | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def check(
+        cls,
+        request: EngineRequest,
+        issuer: object,
+        limits: LogprobLimits,
+        max_model_len: int,
+        grammars: GrammarCompiler | None,
+    ) -> CheckedRequest:
+        """Raises InvalidRequestError for a request beyond the issuer's limits, or with an
+        output constraint its grammar engine (if any) cannot compile; the compile blocks for
+        up to that engine's budget."""
+        request.check_limits(limits.vocab_size, max_model_len)
+        check_logprob_ask(request.logprobs, limits)
+        if request.grammar is None:
+            return cls(request, issuer)
+        if grammars is None:
+            raise InvalidRequestError(
+                "structured outputs need a grammar engine, and this server has none",
+                param=request.grammar.param,
+            )
+        return cls(request, issuer, grammars.compile(request.grammar))
 
 
 def fresh_seed() -> int:

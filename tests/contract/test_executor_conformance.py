@@ -18,7 +18,10 @@ from domain.engine.commit import commit_round
 from domain.engine.step import SlotWork, StepPlan
 from domain.logprobs.prompt_scores import prompt_targets
 from domain.logprobs.values import NO_TOKEN, LogprobOptions, sort_key
+from domain.requests.choice_sampling import LaneSampling
 from domain.requests.sampling import SamplingParams
+from domain.speculation.choice import DraftLane
+from domain.structured.constraint import GrammarLane
 from domain.structured.grammar import GrammarKind, GrammarSpec
 from ports.executor import ModelExecutor
 from tests.fakes import FakeExecutor, FakeGrammarCompiler
@@ -92,14 +95,11 @@ class Lanes:
             block_table=table,
             prompt_len=len(prompt),
             sample=sample,
-            params=params,
-            seed=seed,
-            stop_token_ids=stop_token_ids,
-            remaining=remaining,
-            logprobs=logprobs if sample else None,
+            sampling=LaneSampling(
+                params, seed, stop_token_ids, (), remaining, logprobs if sample else None
+            ),
             prompt_targets=tuple(prompt_targets(prompt, 0, len(prompt))) if scored else (),
-            speculative=bool(drafts),
-            drafts=drafts,
+            speculation=DraftLane(drafts=drafts) if drafts else None,
         )
 
 
@@ -294,7 +294,7 @@ def test_a_lane_whose_grammar_breaks_is_retired_and_its_neighbours_commit(breaki
 
     result = run(
         executor,
-        replace(lanes.work(0, prompt(20)), grammar=spec),
+        replace(lanes.work(0, prompt(20)), grammar=GrammarLane(spec, len(prompt(20)))),
         lanes.work(3, prompt(21)),
     )
 

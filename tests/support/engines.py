@@ -11,6 +11,7 @@ from domain.contract.capabilities import FULL_LOGPROBS, LogprobCapability
 from domain.engine.engine import Engine, EngineConfig
 from domain.engine.step import StepPlan
 from domain.speculation.drafts import SpeculativeConfig
+from ports.metrics import EngineObserver
 
 
 def build_engine(
@@ -24,11 +25,13 @@ def build_engine(
     capability: LogprobCapability = FULL_LOGPROBS,
     speculative: SpeculativeConfig | None = None,
     grammars: LlguidanceCompiler | None = None,
+    observer: EngineObserver | None = None,
 ) -> tuple[Engine, HfTokenizer, list[StepPlan]]:
     """(engine, tokenizer, plans): `plans` grows by each plan the executor is given.
 
     The defaults suit the tiny test models: chunked prefill within a 32-token budget. The
-    engine and the executor share `grammars` (a fresh compiler by default).
+    engine and the executor share `grammars` (a fresh compiler by default); `observer` gets
+    the engine's steps.
     """
     tokenizer = HfTokenizer.from_dir(model_dir)
     settings = RunnerSettings(
@@ -59,4 +62,5 @@ def build_engine(
     config = EngineConfig(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, speculative=speculative
     )
-    return Engine(executor, tokenizer, config, grammars=grammars), tokenizer, plans
+    engine = Engine(executor, tokenizer, config, grammars=grammars, observer=observer)
+    return engine, tokenizer, plans

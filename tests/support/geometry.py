@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from domain.engine.step import ExecutorGeometry
+from domain.contract.geometry import ExecutorGeometry
 
 SIZES = {
     "capacity": 8,

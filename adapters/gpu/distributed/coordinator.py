@@ -8,7 +8,9 @@ from collections.abc import Callable
 from adapters.gpu.distributed.collectives import ParallelFailure
 from adapters.gpu.distributed.group import RankGroup
 from adapters.gpu.executor import TorchExecutor
-from domain.engine.step import ExecutorGeometry, FrameResult, StepPlan
+from domain.contract.frames import FrameResult
+from domain.contract.geometry import ExecutorGeometry
+from domain.engine.step import StepPlan
 
 _log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from domain.engine.grammar_catch_up import grammar_catch_up
 from domain.engine.step import SlotWork
+from domain.structured.catch_up import grammar_catch_up
 from ports.grammar import MaskingCompiler, MaskingGrammar, MaskingMatcher
 
 
@@ -165,7 +165,7 @@ class GrammarLanes:
 
     def _catch_up(self, work: SlotWork) -> None:
         """Brings the slot's matcher in step with the lane by the shared catch-up rule
-        (`domain.grammar_catch_up`): a fresh one when it restarts, then the fed tokens it has
+        (`domain.structured.catch_up`): a fresh one when it restarts, then the fed tokens it has
         not yet accepted."""
         lane = self._lanes.get(work.slot)
         catch_up = grammar_catch_up(
@@ -175,7 +175,7 @@ class GrammarLanes:
         )
         if lane is None or catch_up.restart:
             assert work.grammar is not None
-            compiled = self._compiler.compile(work.grammar)
+            compiled = self._compiler.compile(work.grammar.spec)
             lane = self._lanes[work.slot] = _Lane(work.epoch, compiled.matcher(), compiled)
         if catch_up.unseen:
             if not lane.matcher.accept(catch_up.unseen):
@@ -194,4 +194,4 @@ def _message(work: SlotWork, error: Exception) -> str:
     detail = getattr(error, "message", None) or str(error)
     lines = [line.strip() for line in detail.strip().splitlines() if line.strip()]
     why = lines[0] if lines else type(error).__name__
-    return f"the output constraint ({work.grammar.kind.value}) broke while generating: {why}"
+    return f"the output constraint ({work.grammar.spec.kind.value}) broke while generating: {why}"

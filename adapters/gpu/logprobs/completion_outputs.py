@@ -11,8 +11,10 @@ from adapters.gpu.distributed.split import RankSplit
 from adapters.gpu.logprobs.reducer import LogprobReducer, ReductionInputs
 from adapters.gpu.logprobs.reference_reducer import ReferenceLogprobReducer
 from adapters.gpu.logprobs.reference_reducer_vp import VocabParallelLogprobReducer
+from domain.contract.frames import FrameResult
+from domain.contract.geometry import ExecutorGeometry
 from domain.contract.records import HEADER_WORDS, CompletionRecord
-from domain.engine.step import ExecutorGeometry, FrameResult, SlotWork
+from domain.engine.step import SlotWork
 from domain.logprobs.values import (
     FULL_POSITION_WORDS,
     MAX_SELECTED_IDS,
@@ -108,7 +110,9 @@ class CompletionOutputs:
         buffers = self.buffers
         if buffers is None:
             return False
-        requesting = [(w.slot, w.logprobs) for w in sampling if w.logprobs is not None]
+        requesting = [
+            (w.slot, w.sampling.logprobs) for w in sampling if w.sampling.logprobs is not None
+        ]
         flags = [0] * self._geometry.capacity
         counts = [0] * self._geometry.capacity
         for slot, options in requesting:

@@ -33,7 +33,7 @@ class PenaltyState:
     def observe(self, work: SlotWork) -> None:
         """Records the tokens a lane feeds this step, if its request uses penalties; drafts
         count only once accepted (`accept`)."""
-        if not work.params.uses_penalties:
+        if not work.sampling.params.uses_penalties:
             return
         if self._tables is None:
             shape = (self._capacity, self._vocab_size)
@@ -55,7 +55,7 @@ class PenaltyState:
 
     def accept(self, work: SlotWork, accepted: tuple[int, ...]) -> None:
         """Counts a round's accepted drafts: they are in the cache and never fed again."""
-        if work.params.uses_penalties:
+        if work.sampling.params.uses_penalties:
             self._count(work.slot, accepted)
 
     def _local(self, token_ids: tuple[int, ...]) -> list[int]:

@@ -24,7 +24,7 @@ class SampledRow:
 def lane_rows(work: SlotWork, drafts: tuple[int, ...]) -> list[SampledRow]:
     """A sampling lane's target rows: one per draft plus one, or its last row alone."""
     first = work.first_emitted_position
-    if not work.speculative:
+    if not work.speculation is not None:
         return [SampledRow(work, (), first)]
     return [SampledRow(work, drafts[:row], first + row) for row in range(len(drafts) + 1)]
 
@@ -40,7 +40,7 @@ def sampling_tensors(
     penalties are left out, which any proposal distribution may do. The logits columns are the
     token IDs `lanes` = [start, stop) (default: the whole vocabulary): logit_bias and bans on
     other IDs belong to other ranks and are left out here."""
-    params = [row.work.params for row in rows]
+    params = [row.work.sampling.params for row in rows]
     start, stop = lanes if lanes is not None else (0, vocab_size)
 
     def owned(token_id: int) -> bool:
@@ -73,7 +73,10 @@ def sampling_tensors(
         if owned(token_id)
     ]
     banned = [
-        (i, t - start) for i, row in enumerate(rows) for t in row.work.banned_token_ids if owned(t)
+        (i, t - start)
+        for i, row in enumerate(rows)
+        for t in row.work.sampling.banned_token_ids
+        if owned(t)
     ]
     penalised = penalties is not None
     top_k = [min(max(p.top_k, 0), vocab_size) for p in params]
@@ -92,7 +95,7 @@ def sampling_tensors(
         bias_values=floats([b[2] for b in bias]),
         banned_rows=longs([b[0] for b in banned]),
         banned_token_ids=longs([b[1] for b in banned]),
-        seeds=longs([_signed64(row.work.seed) for row in rows]),
+        seeds=longs([_signed64(row.work.sampling.seed) for row in rows]),
         # The position of the token each row chooses keys its noise.
         counters=longs([row.position for row in rows]),
         all_greedy=all(p.is_greedy for p in params),

@@ -55,7 +55,14 @@ class DraftRunner:
 
     def propose(self, works: list[SlotWork]) -> Proposals:
         """Drafts for every lane with `propose > 0`, in their order."""
-        chunks = [SequenceChunk(w.draft_feed, w.draft_start, w.block_table) for w in works]
+        lanes = [w.speculation for w in works]
+        if any(lane is None or not lane.propose for lane in lanes):
+            raise ValueError("only lanes that propose drafts go to the draft model")
+        proposing = [lane for lane in lanes if lane is not None]
+        chunks = [
+            SequenceChunk(lane.draft_feed, lane.draft_start, w.block_table)
+            for w, lane in zip(works, proposing, strict=True)
+        ]
         drafts: list[list[int]] = [[] for _ in works]
         q_rows: list[list[torch.Tensor]] = [[] for _ in works]
         live = list(range(len(works)))
@@ -75,7 +82,7 @@ class DraftRunner:
             for row, (index, token_id) in enumerate(zip(live, tokens.tolist(), strict=True)):
                 drafts[index].append(token_id)
                 q_rows[index].append(q[row])
-            live = [i for i in live if len(drafts[i]) < works[i].propose]
+            live = [i for i in live if len(drafts[i]) < proposing[i].propose]
             chunks = [
                 SequenceChunk(
                     (drafts[i][-1],),

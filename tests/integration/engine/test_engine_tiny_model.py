@@ -11,6 +11,8 @@ from domain.emission.outputs import ChoiceDelta, RequestEnd
 from domain.engine.engine import Engine
 from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams
+from domain.telemetry.step_stats import SchedulerState
+from tests.fakes import RecordingObserver
 from tests.support.draining import drain
 from tests.support.engines import build_engine
 
@@ -82,8 +84,9 @@ def test_concurrent_seeded_requests_sample_exactly_the_tokens_each_samples_alone
 def test_preemption_under_a_tiny_kv_budget_changes_no_output(tiny_model_dir):
     _, tokenizer, _ = build_engine(tiny_model_dir)
     block_bytes = _bytes_per_block(tiny_model_dir, block_size=4)
+    steps = RecordingObserver()
     engine, _, plans = build_engine(
-        tiny_model_dir, kv_bytes=block_bytes * 40, max_model_len=96, budget=64
+        tiny_model_dir, kv_bytes=block_bytes * 40, max_model_len=96, budget=64, observer=steps
     )
     requests = requests_for(
         tokenizer,
@@ -105,23 +108,23 @@ def test_preemption_under_a_tiny_kv_budget_changes_no_output(tiny_model_dir):
     ]
     assert restarts, "the KV pool was small enough to force preemption"
     assert together == alone(tiny_model_dir, requests)
-    assert engine.scheduler.num_free_blocks == 40
+    assert steps.total("preemptions") > 0
+    assert steps.state == SchedulerState(), "every slot and KV block is free again"
 
 
 def test_abort_frees_the_slot_and_blocks_at_once(tiny_model_dir):
-    engine, tokenizer, _ = build_engine(tiny_model_dir)
-    free_blocks = engine.scheduler.num_free_blocks
+    steps = RecordingObserver()
+    engine, tokenizer, _ = build_engine(tiny_model_dir, observer=steps)
     params = SamplingParams(max_tokens=50, ignore_eos=True, seed=1)
     channel = engine.submit(EngineRequest("long", tuple(tokenizer.encode(PROMPTS[1])), params))
     for _ in range(4):
         engine.step()
-    assert engine.scheduler.num_free_blocks < free_blocks
+    assert steps.state.running == 1 and steps.state.kv_cache_usage > 0
 
     engine.abort("long")
     engine.step()
 
-    assert engine.scheduler.num_free_blocks == free_blocks
-    assert engine.scheduler.num_free_slots == 8 and not engine.has_work()
+    assert steps.state == SchedulerState() and not engine.has_work()
     items = [channel.get_nowait() for _ in range(len(channel))]
     assert items[-2].finish_reason == "abort" and isinstance(items[-1], RequestEnd)
 
@@ -138,6 +141,7 @@ def _bytes_per_block(model_dir: Path, block_size: int) -> int:
 def test_a_step_that_samples_nothing_uploads_no_logprob_flags(tiny_model_dir):
     from domain.engine.step import SlotWork, StepPlan
     from domain.logprobs.values import LogprobOptions
+    from domain.requests.choice_sampling import LaneSampling
 
     engine, tokenizer, _ = build_engine(tiny_model_dir)
     executor = engine._executor
@@ -152,9 +156,7 @@ def test_a_step_that_samples_nothing_uploads_no_logprob_flags(tiny_model_dir):
         block_table=(0, 1),
         prompt_len=len(prompt),
         sample=False,
-        params=SamplingParams(),
-        seed=0,
-        logprobs=LogprobOptions(top_k=2),
+        sampling=LaneSampling(SamplingParams(), 0, logprobs=LogprobOptions(top_k=2)),
     )
 
     result = executor.read(executor.submit(StepPlan((prefill_only,))))

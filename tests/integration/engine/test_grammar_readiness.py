@@ -10,8 +10,8 @@ import pytest
 
 from adapters.grammar.llguidance_compiler import LlguidanceCompiler, LlguidanceGrammar
 from adapters.tokenizer.hf import HfTokenizer
+from domain.emission.channel import OutputChannel
 from domain.emission.outputs import ChoiceDelta, RequestEnd
-from domain.engine.channel import OutputChannel
 from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams
 from domain.structured.grammar import GrammarKind, GrammarSpec

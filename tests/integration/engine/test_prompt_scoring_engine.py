@@ -15,6 +15,7 @@ from domain.emission.outputs import ChoiceDelta, PromptScores
 from domain.logprobs.rules import LogprobAsk
 from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams
+from tests.fakes import RecordingObserver
 from tests.support.draining import drain, ended_items, step_until_idle
 from tests.support.engines import build_engine
 
@@ -25,7 +26,7 @@ SEEDED = SamplingParams(max_tokens=6, temperature=0.9, seed=1234, ignore_eos=Tru
 
 
 def make_engine(
-    model_dir: Path, *, budget: int, scoring: bool = True, max_model_len: int = 256, **sizes: int
+    model_dir: Path, *, budget: int, scoring: bool = True, max_model_len: int = 256, **sizes
 ):
     """(engine, plans) with scored capacities for `budget`, or none when not `scoring`."""
     capability = LogprobCapability(
@@ -183,8 +184,14 @@ def test_readmission_after_preemption_finishes_the_scores_without_duplicates(
     tiny_model_dir, reference_model
 ):
     # 40 blocks of 4 positions: two 100-token prompts cannot both stay resident.
+    steps = RecordingObserver()
     engine, plans = make_engine(
-        tiny_model_dir, budget=24, kv_bytes=40 * 4 * 512, block_size=4, max_model_len=128
+        tiny_model_dir,
+        budget=24,
+        kv_bytes=40 * 4 * 512,
+        block_size=4,
+        max_model_len=128,
+        observer=steps,
     )
     prompts = {name: random_prompt(100, seed, engine.vocab_size) for seed, name in enumerate("ab")}
     requests = [
@@ -192,16 +199,9 @@ def test_readmission_after_preemption_finishes_the_scores_without_duplicates(
         for name, prompt in prompts.items()
     ]
     channels = {r.request_id: engine.submit(r) for r in requests}
-    preemptions = [0]
-
-    def count_preemptions() -> None:
-        running = engine.scheduler._running  # noqa: SLF001
-        preemptions.extend(s.num_preemptions for s in running)
-
-    step_until_idle(engine, after_step=count_preemptions)
+    step_until_idle(engine)
     found = ended_items(channels)
-    preempted = max(preemptions)
-    assert preempted > 0, "the pool was meant to force a preemption"
+    assert steps.total("preemptions") > 0, "the pool was meant to force a preemption"
     for name, prompt in prompts.items():
         assert_scores_match(reference_model, prompt, scores_of(found[name]), engine.vocab_size)
     alone, _ = make_engine(tiny_model_dir, budget=24)

@@ -25,11 +25,11 @@ from adapters.gpu.factory import RunnerSettings
 from adapters.gpu.loading.default_model import default_model_dir
 from domain.emission.outputs import ChoiceDelta
 from domain.engine.engine import Engine, EngineConfig
-from domain.engine.step_stats import StepStats
 from domain.logprobs.rules import LogprobAsk
 from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams
 from domain.speculation.drafts import SpeculativeConfig, SpeculativeMethod
+from domain.telemetry.step_stats import StepStats
 from tests.support.draining import drain
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]

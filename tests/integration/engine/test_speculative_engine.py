@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from domain.contract.frames import FrameResult
 from domain.contract.records import Role
 from domain.emission.outputs import ChoiceDelta
 from domain.engine.engine import Engine
-from domain.engine.step import FrameResult, StepPlan
+from domain.engine.step import StepPlan
 from domain.logprobs.rules import LogprobAsk
 from domain.logprobs.values import PositionLogprobs
 from domain.requests.engine_request import EngineRequest
@@ -116,7 +117,7 @@ def target_rows(capture: Capture) -> dict[tuple[int, int], torch.Tensor]:
             if not work.sample:
                 continue
             # A speculative lane has a row per draft it verified, history or proposed, plus one.
-            count = 1 + record.drafts_offered if work.speculative else 1
+            count = 1 + record.drafts_offered if work.speculation is not None else 1
             for position in range(len(record.tokens)):
                 rows[(step, record.slot, position)] = logits[first + position]
             first += count
@@ -153,7 +154,7 @@ def test_every_reported_value_is_the_verifier_s_row_in_float64_within_fp32_round
     for step, (plan, result) in enumerate(zip(capture.plans, capture.results, strict=True)):
         for lane, (work, record) in enumerate(zip(plan.works, result.records, strict=True)):
             payload = result.lane_logprobs(lane)
-            if payload is None or not work.speculative:
+            if payload is None or work.speculation is None:
                 continue
             for position, entry in enumerate(payload):
                 row = rows[(step, record.slot, position)][:vocab].double()
@@ -242,7 +243,7 @@ def acceptance(capture: Capture, vocab: int) -> tuple[int, float, float]:
                 kept += record.drafts_accepted > 0
                 expected += p
                 variance += p * (1 - p)
-            first += 1 + record.drafts_offered if work.speculative else 1
+            first += 1 + record.drafts_offered if work.speculation is not None else 1
     return kept, expected, variance
 
 
@@ -323,7 +324,7 @@ def test_a_near_draft_model_changes_no_greedy_token_and_reports_target_values(
     for step, (plan, result) in enumerate(zip(capture.plans, capture.results, strict=True)):
         for lane, (work, record) in enumerate(zip(plan.works, result.records, strict=True)):
             payload = result.lane_logprobs(lane)
-            if payload is None or not work.speculative:
+            if payload is None or work.speculation is None:
                 continue
             for position, entry in enumerate(payload):
                 row = torch.log_softmax(rows[(step, record.slot, position)][:vocab].double(), 0)

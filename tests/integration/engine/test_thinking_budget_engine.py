@@ -22,6 +22,7 @@ from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams
 from domain.speculation.drafts import SpeculativeConfig, SpeculativeMethod
 from domain.structured.grammar import GrammarKind, GrammarSpec
+from tests.fakes import RecordingObserver
 from tests.support.draining import drain
 from tests.support.engines import build_engine
 
@@ -87,18 +88,21 @@ def test_the_end_is_forced_at_the_budget_with_or_without_speculation(tiny_model_
     assert sorted(r.tokens for r in forced) == sorted([(END[0],), (END[1],)] * len(budgets))
     lanes = [work for plan in plans for work in plan.works if work.sample]
     assert any(work.drafts for work in lanes), "drafts were offered"
-    assert all(not work.speculative for work in lanes if work.forced_token is not None)
+    assert all(work.speculation is None for work in lanes if work.forced_token is not None)
 
 
 def test_forced_tokens_get_no_entries_and_preemption_changes_nothing(tiny_model_dir: Path):
     budgets = [2, 4, 6, 8]
     roomy, _, _ = build_engine(tiny_model_dir)
-    tight, _, _ = build_engine(tiny_model_dir, kv_bytes=22 * 4 * 512, max_model_len=40)
+    steps = RecordingObserver()
+    tight, _, _ = build_engine(
+        tiny_model_dir, kv_bytes=22 * 4 * 512, max_model_len=40, observer=steps
+    )
 
     expected = drain(roomy, requests(budgets, logprobs=True))
     found = drain(tight, requests(budgets, logprobs=True))
 
-    assert tight.scheduler.num_preemptions > 0
+    assert steps.total("preemptions") > 0
     for index, budget in enumerate(budgets):
         items = found[f"r{index}"]
         out = tokens(items)
@@ -148,4 +152,4 @@ def test_the_grammar_starts_after_the_forced_end_on_the_torch_executor(tiny_mode
         assert answer in GRAMMAR_WORDS, out
     lanes = [work for plan in plans for work in plan.works if work.sample]
     assert all(not work.drafts for work in lanes if work.grammar is None)
-    assert any(work.grammar is not None and work.grammar_start for work in lanes)
+    assert any(work.grammar is not None and work.grammar.start for work in lanes)

@@ -16,6 +16,7 @@ from adapters.gpu.factory import RunnerSettings
 from adapters.http.app import create_app
 from adapters.http.serving import HttpSettings, ModelHolder, ServedModel
 from domain.parsers.settings import ParserSettings
+from tests.fakes import RecordingObserver
 from tests.support.tiny_serving import build_tiny_model_dir
 
 MODEL_NAME = "tiny"
@@ -32,12 +33,13 @@ def serve_tiny(
     *,
     max_num_batched_tokens: int | None = None,
     speculative_config: str | None = None,
+    observer: RecordingObserver | None = None,
     **runner: object,
 ) -> ServedModel:
     """The tiny model behind a started engine; the caller stops it.
 
     `runner` overrides RunnerSettings fields; without a token budget ServeConfig's default holds.
-    `speculative_config` is `--speculative-config`'s JSON.
+    `speculative_config` is `--speculative-config`'s JSON; `observer` gets the engine's steps.
     """
     settings = dict(
         device="cpu",
@@ -57,12 +59,18 @@ def serve_tiny(
         speculative_config=speculative_config,
         **budget,
     )
-    return load_served_model(config)
+    return load_served_model(config, observer)
 
 
 @pytest.fixture(scope="session")
-def served(http_model_dir: Path) -> Iterator[ServedModel]:
-    model = serve_tiny(http_model_dir)
+def served_steps() -> RecordingObserver:
+    """The steps of the shared served engine, as its observer sees them."""
+    return RecordingObserver()
+
+
+@pytest.fixture(scope="session")
+def served(http_model_dir: Path, served_steps: RecordingObserver) -> Iterator[ServedModel]:
+    model = serve_tiny(http_model_dir, observer=served_steps)
     yield model
     model.stop()
 

@@ -46,21 +46,23 @@ SELF_NESTING = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required"
     ],
 )
 def test_a_constraint_over_a_limit_at_its_first_token_is_a_400_before_admission(
-    client, served, path, body, param, words
+    client, served, served_steps, path, body, param, words
 ):
     prompt = (
         {"prompt": "the quick"}
         if path == "/v1/completions"
         else {"messages": [{"role": "user", "content": "hi"}]}
     )
-    waiting = served.engine.scheduler.num_waiting
+    scheduled = len(served_steps.observed("queue_times"))
 
     response = client.simulate_post(path, json={**prompt, "max_tokens": 8, **body})
 
     assert response.status_code == 400, response.json
     error = response.json["error"]
     assert error["param"] == param and words in error["message"], error
-    assert served.engine.scheduler.num_waiting == waiting
+    # Never admitted: nothing queued or running, and no choice was ever scheduled.
+    assert not served.engine.has_work()
+    assert len(served_steps.observed("queue_times")) == scheduled
 
 
 def gaps(times: list[float]) -> list[float]:

@@ -13,6 +13,7 @@ import pytest
 
 from adapters.http.app import create_app
 from adapters.http.serving import ModelHolder, ServedModel
+from tests.fakes import RecordingObserver
 from tests.integration.http.conftest import serve_tiny
 from tests.support.asgi_stream import post, read_stream, stream_post
 from tests.support.breaking_grammars import row_explosion_grammar
@@ -39,8 +40,13 @@ WORDS = ("the", "quick", "brown", "fox", "every", "request", "gets", "its", "own
 
 
 @pytest.fixture(scope="module")
-def isolated(http_model_dir) -> Iterator[ServedModel]:
-    model = serve_tiny(http_model_dir, max_num_seqs=16)
+def isolated_steps() -> RecordingObserver:
+    return RecordingObserver()
+
+
+@pytest.fixture(scope="module")
+def isolated(http_model_dir, isolated_steps) -> Iterator[ServedModel]:
+    model = serve_tiny(http_model_dir, max_num_seqs=16, observer=isolated_steps)
     yield model
     model.stop()
 
@@ -118,18 +124,17 @@ async def queued(engine, tasks: list[asyncio.Task], timeout: float = 60.0) -> No
 
 
 def watch_failures(served: ServedModel, monkeypatch) -> list[int]:
-    """For each step that retired a lane: how many innocent lanes ran in it (the engine thread
-    appends while the step's sequences still hold their slots)."""
+    """For each step that retired a lane: how many innocent lanes ran in it (known by their
+    output budget, which every lane's sampling carries)."""
     executor = served.engine._executor  # noqa: SLF001
     submit, read = executor.submit, executor.read
     counts: list[int] = []
     innocents: dict[int, int] = {}
 
     def watching_submit(plan):
-        sequences = [served.engine.scheduler.sequence_in(work.slot) for work in plan.works]
         frame = submit(plan)
         innocents[frame] = sum(
-            1 for s in sequences if s is not None and s.params.max_tokens == INNOCENT_TOKENS
+            1 for work in plan.works if work.sampling.params.max_tokens == INNOCENT_TOKENS
         )
         return frame
 
@@ -145,7 +150,7 @@ def watch_failures(served: ServedModel, monkeypatch) -> list[int]:
 
 
 def test_isolation_under_load_every_innocent_stream_keeps_its_exact_tokens(
-    app, isolated, monkeypatch
+    app, isolated, isolated_steps, monkeypatch
 ):
     alone = [
         streamed_tokens(stream_post(app, "/v1/completions", json=innocent(i))[1]) for i in range(8)
@@ -155,7 +160,6 @@ def test_isolation_under_load_every_innocent_stream_keeps_its_exact_tokens(
     innocents_at_failures = watch_failures(isolated, monkeypatch)
 
     engine = isolated.engine
-    free_blocks = engine.scheduler.num_free_blocks
     gate = StepGate(engine._executor)  # noqa: SLF001
 
     async def load():
@@ -222,4 +226,4 @@ def test_isolation_under_load_every_innocent_stream_keeps_its_exact_tokens(
     assert too_long_stream[0] == 400 and too_long_stream[1]["error"]["param"] == "prompt"
     # Nothing is left running and every slot and block is free again.
     wait_until_idle(engine, timeout=10)
-    assert engine.scheduler.num_free_blocks == free_blocks
+    assert isolated_steps.settled(), "every slot and KV block is free again"

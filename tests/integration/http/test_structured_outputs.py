@@ -283,13 +283,15 @@ def test_streamed_tool_calls_concatenate_to_the_whole_calls(client, app):
     ],
 )
 def test_bad_constraints_are_a_400_naming_the_field_before_admission(
-    client, served, body, param, words
+    client, served, served_steps, body, param, words
 ):
-    waiting = served.engine.scheduler.num_waiting
+    scheduled = len(served_steps.observed("queue_times"))
 
     response = chat(client, **body)
 
     assert response.status_code == 400, response.json
     error = response.json["error"]
     assert error["param"] == param and words in error["message"], error
-    assert served.engine.scheduler.num_waiting == waiting
+    # Never admitted: nothing queued or running, and no choice was ever scheduled.
+    assert not served.engine.has_work()
+    assert len(served_steps.observed("queue_times")) == scheduled

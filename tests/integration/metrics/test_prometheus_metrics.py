@@ -22,7 +22,7 @@ from adapters.metrics.registry import (
     clear_multiprocess_directory,
     forget_process,
 )
-from domain.engine.step_stats import FinishedChoice, SchedulerState, StepStats
+from domain.telemetry.step_stats import FinishedChoice, SchedulerState, StepStats
 from tests.support.prometheus import Scrape
 
 MODEL = "tiny"
@@ -156,7 +156,7 @@ _WORKER = textwrap.dedent(
     """
     import sys
     from adapters.metrics.prometheus import PrometheusMetrics
-    from domain.engine.step_stats import SchedulerState, StepStats
+    from domain.telemetry.step_stats import SchedulerState, StepStats
 
     running, tokens = int(sys.argv[1]), int(sys.argv[2])
     metrics = PrometheusMetrics("tiny")

@@ -6,9 +6,11 @@ import pytest
 import torch
 
 from adapters.gpu.logprobs.completion_outputs import CompletionOutputs
+from domain.contract.geometry import ExecutorGeometry
 from domain.contract.records import CompletionRecord, Role
-from domain.engine.step import ExecutorGeometry, SlotWork
+from domain.engine.step import SlotWork
 from domain.logprobs.values import LogprobOptions
+from domain.requests.choice_sampling import LaneSampling
 from domain.requests.sampling import SamplingParams
 from tests.support.geometry import fake_geometry
 
@@ -40,9 +42,7 @@ def lane(slot: int, logprobs: LogprobOptions | None) -> SlotWork:
         block_table=(slot,),
         prompt_len=2,
         sample=True,
-        params=SamplingParams(),
-        seed=0,
-        logprobs=logprobs,
+        sampling=LaneSampling(SamplingParams(), 0, logprobs=logprobs),
     )
 
 

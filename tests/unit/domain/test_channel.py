@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from domain.emission.channel import OutputChannel
 from domain.emission.outputs import ChoiceDelta, RequestEnd, Usage
-from domain.engine.channel import OutputChannel
 
 
 def test_a_lagging_reader_sees_merged_deltas_and_the_channel_stays_bounded():

@@ -7,7 +7,9 @@ import pytest
 from domain.contract.records import Finish
 from domain.engine.commit import commit_round
 from domain.engine.step import SlotWork
+from domain.requests.choice_sampling import LaneSampling
 from domain.requests.sampling import SamplingParams
+from domain.speculation.choice import DraftLane
 
 STOP = 7
 
@@ -22,12 +24,10 @@ def verifying(drafts: tuple[int, ...], remaining: int) -> SlotWork:
         block_table=(0,),
         prompt_len=4,
         sample=True,
-        params=SamplingParams(max_tokens=64),
-        seed=0,
-        stop_token_ids=frozenset({STOP}),
-        remaining=remaining,
-        speculative=True,
-        drafts=drafts,
+        sampling=LaneSampling(
+            SamplingParams(max_tokens=64), 0, stop_token_ids=frozenset({STOP}), remaining=remaining
+        ),
+        speculation=DraftLane(drafts=drafts),
     )
 
 

@@ -7,13 +7,14 @@ import dataclasses
 import pytest
 
 from domain.common.errors import InvalidRequestError
+from domain.contract.frames import FrameResult
 from domain.emission.outputs import ChoiceDelta, RequestEnd
 from domain.engine.engine import Engine, EngineConfig
-from domain.engine.step import FrameResult
 from domain.logprobs.rules import LogprobAsk
 from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams
-from tests.fakes import FAKE_EOS, FakeExecutor, FakeTokenizer, next_token
+from domain.telemetry.step_stats import SchedulerState
+from tests.fakes import FAKE_EOS, FakeExecutor, FakeTokenizer, RecordingObserver, next_token
 from tests.support.draining import channel_items
 from tests.support.draining import drain as drain_engine
 from tests.support.geometry import fake_geometry
@@ -27,6 +28,7 @@ def make_engine(
     max_model_len: int = 64,
     budget: int = 32,
     eos_after: int | None = None,
+    observer: RecordingObserver | None = None,
 ) -> tuple[Engine, FakeExecutor]:
     geometry = fake_geometry(
         logprobs=False,
@@ -36,8 +38,8 @@ def make_engine(
         max_model_len=max_model_len,
     )
     executor = FakeExecutor(geometry, eos_after=eos_after)
-    engine = Engine(executor, FakeTokenizer(), EngineConfig(max_num_batched_tokens=budget))
-    return engine, executor
+    config = EngineConfig(max_num_batched_tokens=budget)
+    return Engine(executor, FakeTokenizer(), config, observer=observer), executor
 
 
 def run(engine: Engine, requests: list[EngineRequest], failing=()) -> dict[str, list]:
@@ -80,13 +82,16 @@ def test_many_concurrent_requests_get_exactly_the_tokens_each_gets_alone():
 
 def test_preemption_under_a_tiny_kv_budget_changes_no_output():
     requests = [request(f"r{i}", 6 + i, 10) for i in range(5)]
-    engine, _ = make_engine(num_blocks=12, block_size=2, max_model_len=24, budget=64)
+    steps = RecordingObserver()
+    engine, _ = make_engine(
+        num_blocks=12, block_size=2, max_model_len=24, budget=64, observer=steps
+    )
 
     outputs = run(engine, requests)
 
     for r in requests:
         assert tokens_of(outputs[r.request_id]) == expected_tokens(r.prompt_token_ids, 10)
-    assert engine.scheduler.num_free_blocks == 12
+    assert steps.total("preemptions") > 0 and steps.state == SchedulerState()
 
 
 def test_preemption_actually_happens_when_blocks_run_out():
@@ -165,7 +170,8 @@ def test_n_choices_each_get_their_own_index_and_finish():
 
 
 def test_abort_frees_the_slot_and_blocks_at_once():
-    engine, _ = make_engine(num_blocks=64)
+    steps = RecordingObserver()
+    engine, _ = make_engine(num_blocks=64, observer=steps)
     channel = engine.submit(request("a", 9, 40))
     engine.step()
     engine.step()
@@ -176,7 +182,8 @@ def test_abort_frees_the_slot_and_blocks_at_once():
     items = channel_items(channel)
     assert [i for i in items if isinstance(i, ChoiceDelta)][-1].finish_reason == "abort"
     assert isinstance(items[-1], RequestEnd)
-    assert engine.scheduler.num_free_blocks == 64 and engine.scheduler.num_free_slots == 8
+    # Nothing runs or waits, and every KV block is free again.
+    assert steps.state == SchedulerState()
     assert not engine.has_work()
 
 

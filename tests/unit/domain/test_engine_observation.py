@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from domain.contract.geometry import ExecutorGeometry
 from domain.engine.engine import Engine, EngineConfig
-from domain.engine.step import ExecutorGeometry
-from domain.engine.step_stats import FinishedChoice, SchedulerState
 from domain.logprobs.rules import LogprobAsk
 from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams
+from domain.telemetry.step_stats import FinishedChoice, SchedulerState
 from tests.fakes import (
     FAKE_POSITION_BYTES,
     FAKE_PROMPT_ROW_BYTES,

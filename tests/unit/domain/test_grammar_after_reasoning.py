@@ -18,7 +18,14 @@ from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams
 from domain.speculation.drafts import SpeculativeConfig, SpeculativeMethod
 from domain.structured.grammar import GrammarKind, GrammarSpec
-from tests.fakes import FAKE_EOS, FakeExecutor, FakeGrammarCompiler, FakeTokenizer, next_token
+from tests.fakes import (
+    FAKE_EOS,
+    FakeExecutor,
+    FakeGrammarCompiler,
+    FakeTokenizer,
+    RecordingObserver,
+    next_token,
+)
 from tests.support.draining import drain
 from tests.support.geometry import fake_geometry
 from tests.unit.domain.test_thinking_budget import tokens_of
@@ -60,13 +67,14 @@ def copying_closer(context: Sequence[int], vocab_size: int) -> int:
 
 
 def make_engine(
-    model, *, speculative=None, num_blocks: int = 64, max_model_len: int = 48
+    model, *, speculative=None, num_blocks: int = 64, max_model_len: int = 48, observer=None
 ) -> tuple[Engine, FakeExecutor]:
     geometry = fake_geometry(block_size=2, num_blocks=num_blocks, max_model_len=max_model_len)
     compiler = FakeGrammarCompiler()
     executor = FakeExecutor(geometry, model=model, grammars=compiler)
     config = EngineConfig(max_num_batched_tokens=64, speculative=speculative)
-    return Engine(executor, FakeTokenizer(), config, grammars=compiler), executor
+    engine = Engine(executor, FakeTokenizer(), config, grammars=compiler, observer=observer)
+    return engine, executor
 
 
 def reasoning_request(
@@ -107,7 +115,7 @@ def test_the_grammar_starts_after_the_end_the_model_writes_itself():
     assert not executor.forced_positions
     grammar_lanes = [w for plan in executor.plans for w in plan.works if w.grammar is not None]
     assert grammar_lanes
-    assert {w.grammar_start for w in grammar_lanes} == {len(OPEN_PROMPT) + 5}
+    assert {w.grammar.start for w in grammar_lanes} == {len(OPEN_PROMPT) + 5}
 
 
 def test_the_budget_forces_the_end_and_then_the_grammar_takes_over():
@@ -163,11 +171,12 @@ def test_preempted_reasoning_choices_resume_with_their_grammar_from_its_start():
     ]
     reference, _ = make_engine(thinker)
     expected = drain(reference, requests)
-    engine, executor = make_engine(thinker, num_blocks=12, max_model_len=24)
+    steps = RecordingObserver()
+    engine, executor = make_engine(thinker, num_blocks=12, max_model_len=24, observer=steps)
 
     outputs = drain(engine, requests)
 
-    assert engine.scheduler.num_preemptions > 0
+    assert steps.total("preemptions") > 0
     for i in range(5):
         out = tokens_of(outputs[f"r{i}"])
         assert out == tokens_of(expected[f"r{i}"])

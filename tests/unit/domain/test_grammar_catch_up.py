@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 
-from domain.engine.grammar_catch_up import CatchUp, grammar_catch_up
 from domain.engine.step import SlotWork
+from domain.requests.choice_sampling import LaneSampling
 from domain.requests.sampling import SamplingParams
+from domain.speculation.choice import DraftLane
+from domain.structured.catch_up import CatchUp, grammar_catch_up
+from domain.structured.constraint import GrammarLane
 from domain.structured.grammar import GrammarKind, GrammarSpec
 
 CHOICE = GrammarSpec(GrammarKind.CHOICE, json.dumps(["abc"]))
@@ -29,13 +32,9 @@ def lane(
         block_table=(0, 1, 2, 3),
         prompt_len=prompt_len,
         sample=True,
-        params=SamplingParams(),
-        seed=0,
-        remaining=8,
-        speculative=bool(drafts),
-        drafts=drafts,
-        grammar=CHOICE,
-        grammar_start=grammar_start,
+        sampling=LaneSampling(SamplingParams(), 0, remaining=8),
+        speculation=DraftLane(drafts=drafts) if drafts else None,
+        grammar=GrammarLane(CHOICE, prompt_len if grammar_start is None else grammar_start),
     )
 
 

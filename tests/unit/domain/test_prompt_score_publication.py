@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from domain.common.errors import LogprobDataError
+from domain.emission.channel import OutputChannel
 from domain.emission.outputs import ChoiceDelta, PromptScores
-from domain.engine.channel import OutputChannel
 from domain.logprobs.prompt_scores import PromptScore, new_prompt_scores
 from domain.logprobs.values import TokenLogprob
 from domain.presentation.logprobs import (

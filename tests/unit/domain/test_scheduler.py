@@ -7,20 +7,17 @@ import pytest
 from domain.contract.records import CompletionRecord, Role
 from domain.engine.scheduler import Scheduler, SchedulerConfig
 from domain.engine.sequence import Sequence, SequenceState
+from domain.requests.choice_sampling import ChoiceSampling
 from domain.requests.sampling import SamplingParams
+from domain.telemetry.step_stats import SchedulerState
 
 
-def make_sequence(request_id: str, prompt_len: int, arrival: int = 0) -> Sequence:
+def make_sequence(request_id: str, prompt_len: int, max_tokens: int = 100) -> Sequence:
     return Sequence(
         request_id=request_id,
         index=0,
         prompt=tuple(range(1, prompt_len + 1)),
-        params=SamplingParams(max_tokens=100),
-        seed=1,
-        max_tokens=100,
-        stop_token_ids=frozenset(),
-        banned_until_min_tokens=(),
-        arrival=arrival,
+        sampling=ChoiceSampling(SamplingParams(max_tokens=100), 1, max_tokens),
     )
 
 
@@ -65,11 +62,11 @@ def test_decode_rows_of_running_sequences_come_before_new_admissions():
     first = make_sequence("a", 5)
     scheduler.add(first)
     commit_all(scheduler, scheduler.schedule())
-    scheduler.add(make_sequence("b", 10, arrival=1))
+    scheduler.add(make_sequence("b", 10))
 
     plan = scheduler.schedule()
 
-    assert [(w.slot, len(w.token_ids)) for w in plan.works] == [(first.slot, 1), (1, 5)]
+    assert [(w.slot, len(w.token_ids)) for w in plan.works] == [(first.cache.slot, 1), (1, 5)]
 
 
 def test_admission_stops_when_every_slot_is_taken():
@@ -87,16 +84,16 @@ def test_running_out_of_blocks_preempts_the_newest_sequence_which_restarts_from_
     scheduler = make_scheduler(
         num_blocks=4, block_size=4, max_num_batched_tokens=64, max_model_len=16
     )
-    old, new = make_sequence("old", 7), make_sequence("new", 8, arrival=1)
+    old, new = make_sequence("old", 7), make_sequence("new", 8)
     scheduler.add(old)
     scheduler.add(new)
     commit_all(scheduler, scheduler.schedule())  # old holds 2 blocks, new holds 2 blocks
 
     plan = scheduler.schedule()  # old needs a third block for position 8: new is preempted
 
-    assert [w.slot for w in plan.works] == [old.slot]
+    assert [w.slot for w in plan.works] == [old.cache.slot]
     assert new.state is SequenceState.WAITING and new.num_preemptions == 1
-    assert new.num_computed == 0 and new.blocks == []
+    assert new.cache.num_computed == 0 and new.cache.blocks == []
     assert new.outputs == [9]
 
 
@@ -104,11 +101,11 @@ def test_readmitted_sequence_reprefills_prompt_and_outputs_and_gets_a_new_epoch(
     scheduler = make_scheduler(
         num_blocks=4, block_size=4, max_num_batched_tokens=64, max_model_len=16
     )
-    old, new = make_sequence("old", 7), make_sequence("new", 8, arrival=1)
+    old, new = make_sequence("old", 7), make_sequence("new", 8)
     scheduler.add(old)
     scheduler.add(new)
     commit_all(scheduler, scheduler.schedule())
-    first_epoch = new.epoch
+    first_epoch = new.cache.epoch
     commit_all(scheduler, scheduler.schedule())
     scheduler.finish(old)
 
@@ -116,7 +113,7 @@ def test_readmitted_sequence_reprefills_prompt_and_outputs_and_gets_a_new_epoch(
 
     work = plan.works[0]
     assert work.token_ids == new.prompt + (9,) and work.start_position == 0 and work.sample
-    assert new.epoch != first_epoch or new.slot is not None
+    assert new.cache.epoch != first_epoch or new.cache.slot is not None
 
 
 def test_records_with_a_stale_epoch_are_ignored():
@@ -136,12 +133,11 @@ def test_finishing_a_sequence_frees_its_slot_and_blocks_at_once():
     sequence = make_sequence("a", 9)
     scheduler.add(sequence)
     commit_all(scheduler, scheduler.schedule())
-    free_before = scheduler.num_free_blocks
+    assert scheduler.occupancy() == SchedulerState(running=1, kv_cache_usage=3 / 32)
 
     scheduler.finish(sequence)
 
-    assert scheduler.num_free_blocks == free_before + 3
-    assert scheduler.num_free_slots == 4 and not scheduler.has_work()
+    assert scheduler.occupancy() == SchedulerState() and not scheduler.has_work()
 
 
 def test_a_kv_pool_smaller_than_one_full_sequence_is_refused():

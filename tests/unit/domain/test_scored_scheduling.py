@@ -6,6 +6,7 @@ import dataclasses
 
 from domain.contract.records import CompletionRecord, Role
 from domain.engine.scheduler import Scheduler, SchedulerConfig
+from domain.logprobs.scoring import PromptScoring
 from tests.unit.domain.test_scheduler import make_sequence
 
 
@@ -22,9 +23,9 @@ def make_scheduler(**overrides: int) -> Scheduler:
     return Scheduler(SchedulerConfig(**limits))
 
 
-def scored_sequence(request_id: str, prompt_len: int, arrival: int = 0, max_tokens: int = 100):
-    sequence = make_sequence(request_id, prompt_len, arrival)
-    return dataclasses.replace(sequence, score_prompt=True, max_tokens=max_tokens)
+def scored_sequence(request_id: str, prompt_len: int, max_tokens: int = 100):
+    sequence = make_sequence(request_id, prompt_len, max_tokens)
+    return dataclasses.replace(sequence, scoring=PromptScoring(sequence.prompt))
 
 
 def commit(scheduler: Scheduler, plan, publish: bool = True) -> None:
@@ -44,13 +45,13 @@ def commit(scheduler: Scheduler, plan, publish: bool = True) -> None:
         work = plan.works[lane]
         if publish and work.prompt_targets:
             published = [t for t in work.prompt_targets if t >= 0]
-            sequence.scored_rows += len(published)
+            sequence.scoring.scored_rows += len(published)
 
 
 def test_scored_and_ordinary_work_alternate_and_never_share_a_step():
     scheduler = make_scheduler()
     scheduler.add(make_sequence("plain", 40))
-    scheduler.add(scored_sequence("scored", 40, arrival=1))
+    scheduler.add(scored_sequence("scored", 40))
     kinds = []
     for _ in range(6):
         plan = scheduler.schedule()
@@ -85,7 +86,7 @@ def test_readmission_after_preemption_masks_rows_already_published():
     scheduler.add(sequence)
     commit(scheduler, scheduler.schedule())
     commit(scheduler, scheduler.schedule())
-    assert sequence.scored_rows == 16
+    assert sequence.scoring.scored_rows == 16
     scheduler._preempt(sequence)  # noqa: SLF001 - what running out of KV blocks does
 
     again = scheduler.schedule()
@@ -113,7 +114,7 @@ def test_a_zero_output_budget_prefills_without_sampling():
 def test_a_scored_head_of_queue_waits_for_a_scored_step():
     scheduler = make_scheduler(max_num_batched_tokens=16)
     scheduler.add(scored_sequence("first", 8))
-    scheduler.add(make_sequence("second", 8, arrival=1))
+    scheduler.add(make_sequence("second", 8))
     plan = scheduler.schedule()
     assert plan.scored and [w.slot for w in plan.works] == [0]
     commit(scheduler, plan)

@@ -12,10 +12,11 @@ from collections.abc import Sequence
 
 import pytest
 
+from domain.contract.frames import FrameResult
 from domain.contract.records import Finish, Role
 from domain.emission.outputs import ChoiceDelta
 from domain.engine.engine import Engine, EngineConfig
-from domain.engine.step import FrameResult, StepPlan
+from domain.engine.step import StepPlan
 from domain.logprobs.rules import LogprobAsk
 from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams
@@ -206,7 +207,7 @@ def test_min_tokens_rounds_carry_no_drafts_until_the_minimum_is_out():
     for plan in executor.plans:
         for work in plan.works:
             if work.drafts:
-                assert not work.banned_token_ids
+                assert not work.sampling.banned_token_ids
 
 
 def test_k_larger_than_the_record_allows_is_refused_at_start_up():
@@ -225,7 +226,7 @@ def test_drafts_never_exceed_k_nor_the_remaining_budget():
         assert isinstance(plan, StepPlan)
         for work in plan.works:
             assert len(work.drafts) <= NGRAM.num_speculative_tokens
-            assert len(work.drafts) <= work.remaining - 1
+            assert len(work.drafts) <= work.sampling.remaining - 1
 
 
 def test_the_observer_counts_rounds_drafts_and_acceptances_per_position():
@@ -319,5 +320,6 @@ def test_preemption_rebuilds_the_draft_cache_from_the_start():
     )
 
     assert accepted(executor) > 0
-    restarts = [w for plan in executor.plans for w in plan.works if w.propose and not w.draft_start]
+    proposing = [w.speculation for plan in executor.plans for w in plan.works if w.speculation]
+    restarts = [lane for lane in proposing if lane.propose and not lane.draft_start]
     assert len(restarts) > len(requests), "no draft cache was rebuilt after a preemption"

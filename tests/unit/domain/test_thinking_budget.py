@@ -20,7 +20,7 @@ from domain.reasoning.thinking import ThinkingBudget, ThinkingMarkers
 from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams
 from domain.speculation.drafts import SpeculativeConfig, SpeculativeMethod
-from tests.fakes import FakeExecutor, FakeTokenizer, fake_position, next_token
+from tests.fakes import FakeExecutor, FakeTokenizer, RecordingObserver, fake_position, next_token
 from tests.support.draining import drain
 from tests.support.geometry import fake_geometry
 
@@ -46,12 +46,12 @@ def closer(context: Sequence[int], vocab_size: int) -> int:
 
 
 def make_engine(
-    model=thinker, *, speculative=None, draft_model=None, budget: int = 32, **sizes: int
+    model=thinker, *, speculative=None, draft_model=None, budget: int = 32, observer=None, **sizes
 ):
     geometry = fake_geometry(**{"max_model_len": 96, **sizes})
     executor = FakeExecutor(geometry, model=model, draft_model=draft_model)
     config = EngineConfig(max_num_batched_tokens=budget, speculative=speculative)
-    return Engine(executor, FakeTokenizer(), config), executor
+    return Engine(executor, FakeTokenizer(), config, observer=observer), executor
 
 
 def budget_request(
@@ -213,11 +213,14 @@ def test_every_choice_of_n_closes_at_the_budget():
 def test_preemption_and_readmission_keep_the_budget_state():
     prompts = [(5 + i, 9, 14, 3, *START) for i in range(5)]
     requests = [budget_request(f"r{i}", p, 3 + i, max_tokens=12) for i, p in enumerate(prompts)]
-    engine, executor = make_engine(num_blocks=12, block_size=2, max_model_len=24, budget=64)
+    steps = RecordingObserver()
+    engine, executor = make_engine(
+        num_blocks=12, block_size=2, max_model_len=24, budget=64, observer=steps
+    )
 
     outputs = drain(engine, requests)
 
-    assert engine.scheduler.num_preemptions > 0
+    assert steps.total("preemptions") > 0
     for i, prompt in enumerate(prompts):
         assert tokens_of(outputs[f"r{i}"]) == expected_after_open(prompt, 3 + i, 12)
     # A readmitted choice re-prefills its outputs, forced ones included, and forces no more.
@@ -247,7 +250,7 @@ def test_speculation_drafts_up_to_the_budget_but_never_past_it():
     assert any(w.drafts for w in lanes), "drafts were offered"
     forced = [w for w in lanes if w.forced_token is not None]
     assert [w.forced_token for w in forced] == list(END)
-    assert not any(w.speculative or w.drafts for w in forced)
+    assert not any(w.speculation is not None for w in forced)
     # No round emitted a reasoning token past the budget: every round before the forced end
     # ends at or before position len(prompt) + 9.
     for w in lanes:
@@ -348,9 +351,10 @@ def test_a_draft_model_never_proposes_past_the_budget():
 
     assert out == expected and out[7:9] == list(END)
     lanes = [w for plan in executor.plans for w in plan.works if w.sample]
-    assert any(w.propose for w in lanes), "the draft model proposed"
-    for w in lanes:
+    proposed = [(w, w.speculation.propose if w.speculation else 0) for w in lanes]
+    assert any(count for _, count in proposed), "the draft model proposed"
+    for w, count in proposed:
         if w.first_emitted_position < len(prompt) + 7:
-            assert w.first_emitted_position + w.propose < len(prompt) + 7
+            assert w.first_emitted_position + count < len(prompt) + 7
         if w.forced_token is not None:
-            assert not w.propose and not w.speculative
+            assert w.speculation is None

@@ -51,10 +51,3 @@ class StepStats:
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
     spec_accepted_per_position: tuple[int, ...] = ()
-
-
-class UnobservedSteps:
-    """The engine's default observer: steps go unrecorded."""
-
-    def record_step(self, stats: StepStats) -> None:
-        return None

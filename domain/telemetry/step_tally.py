@@ -1,10 +1,18 @@
-"""Collects what happens during engine steps and hands it over as one StepStats at a time."""
+"""Collects what happens during engine steps and hands it to the observer as one StepStats."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from domain.engine.step_stats import FinishedChoice, SchedulerState, StepStats
+from domain.telemetry.step_stats import FinishedChoice, SchedulerState, StepStats
+
+if TYPE_CHECKING:  # the domain drives ports but never needs them at run time
+    from ports.metrics import EngineObserver
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -18,9 +26,12 @@ class ChoiceTimeline:
 
 
 class StepTally:
-    """Accumulates counts and latencies until `flush`; only the engine thread touches it."""
+    """Accumulates counts and latencies (timed by `clock`, seconds, monotonic) until `report`;
+    only the engine thread touches it."""
 
-    def __init__(self) -> None:
+    def __init__(self, observer: EngineObserver | None, clock: Callable[[], float]) -> None:
+        self._observer = observer
+        self._clock = clock
         self._state = SchedulerState()
         self._preemptions_seen = 0
         self._reset()
@@ -40,20 +51,21 @@ class StepTally:
         self._spec_accepted: list[int] = []
         self._dirty = False
 
-    def scheduled(self, timeline: ChoiceTimeline, now: float) -> None:
+    def scheduled(self, timeline: ChoiceTimeline) -> None:
         """A choice got a slot; only its first scheduling is a queue time."""
         if timeline.scheduled:
             return
         timeline.scheduled = True
-        self._queue_times.append(now - timeline.arrived)
+        self._queue_times.append(self._clock() - timeline.arrived)
         self._dirty = True
 
-    def output(self, timeline: ChoiceTimeline, now: float, tokens: int, prompt_tokens: int) -> None:
+    def output(self, timeline: ChoiceTimeline, tokens: int, prompt_tokens: int) -> None:
         """A choice's record committed `tokens` (0: a prefill-only choice ending).
 
         Its prompt counts with its first output, as vLLM counts a prompt once it is prefilled;
         a re-prefill after preemption does not count again.
         """
+        now = self._clock()
         if not timeline.started:
             timeline.started = True
             self._prompt_tokens += prompt_tokens
@@ -68,8 +80,8 @@ class StepTally:
         timeline.last_token = now
         self._dirty = True
 
-    def finished(self, timeline: ChoiceTimeline, reason: str, now: float) -> None:
-        self._finished.append(FinishedChoice(reason, now - timeline.arrived))
+    def finished(self, timeline: ChoiceTimeline, reason: str) -> None:
+        self._finished.append(FinishedChoice(reason, self._clock() - timeline.arrived))
         self._dirty = True
 
     def frame_read(self, positions: int, payload_bytes: int, prompt_rows: int) -> None:
@@ -92,8 +104,19 @@ class StepTally:
             self._spec_accepted[position] += 1
         self._dirty = True
 
+    def report(self, state: SchedulerState, preemptions_total: int) -> None:
+        """Hands the stats since the last report to the observer, unless nothing changed (an
+        idle step); a failing observer never stops the engine."""
+        stats = self.flush(state, preemptions_total)
+        if stats is None or self._observer is None:
+            return
+        try:
+            self._observer.record_step(stats)
+        except Exception:  # noqa: BLE001 - metrics are never worth a request
+            _log.exception("the engine observer failed")
+
     def flush(self, state: SchedulerState, preemptions_total: int) -> StepStats | None:
-        """The stats since the last flush, or None when nothing changed (an idle step)."""
+        """The stats since the last flush, or None when nothing changed."""
         preemptions = preemptions_total - self._preemptions_seen
         if not self._dirty and not preemptions and state == self._state:
             return None
