@@ -9,6 +9,8 @@ import pytest
 
 from tests.integration.http.test_errors import assert_error
 
+pytestmark = pytest.mark.model
+
 USER = [{"role": "user", "content": "hi"}]
 
 
