@@ -26,7 +26,9 @@ from tests.e2e.conftest import RunningServer, running_server
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.model]
 
 MODEL = "SmolLM2-135M-Instruct"
-CONCURRENCY = 8
+# Requests in flight at once, and the server's --max-num-seqs: the fifty requests run in two
+# waves, each step holding many constrained lanes at once.
+CONCURRENCY = 25
 SCHEMAS = [
     {
         "type": "object",
@@ -69,7 +71,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     workdir = tmp_path_factory.mktemp("smollm2-reasoning")
     flags = ("--served-model-name", MODEL, "--reasoning-parser", "qwen3")
-    sizes = ("--kv-cache-memory", str(64 << 20), "--max-num-seqs", str(CONCURRENCY))
+    sizes = ("--kv-cache-memory", str(128 << 20), "--max-num-seqs", str(CONCURRENCY))
     with running_server(model_dir, workdir, *flags, *sizes) as running:
         yield running
 
