@@ -39,18 +39,9 @@ sys.path.insert(0, str(ROOT))
 
 from adapters.http.requests import chat, completion, responses, tokenization  # noqa: E402
 from adapters.http.requests.decoding import decimal_int, decode  # noqa: E402
+from domain.common import ranges  # noqa: E402
 from domain.common.errors import InvalidRequestError  # noqa: E402
-from domain.common.ranges import (  # noqa: E402
-    CHOICES,
-    COMPLETION_MAX_TOKENS,
-    MIN_TOKENS,
-    SEED,
-    TOKEN_BUDGET,
-    TOKEN_ID,
-    TOP_K,
-    IntRange,
-    check_token_ids,
-)
+from domain.common.ranges import IntRange, check_token_ids  # noqa: E402
 from domain.responses.store import ResponseStore  # noqa: E402
 
 # The last commit whose HTTP adapter read bodies field by field.
@@ -238,15 +229,15 @@ class StreamOptionsA:
 class SamplingA:
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = _field(TOP_K)
+    top_k: int | None = _field(ranges.TOP_K)
     min_p: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
-    seed: int | None = _field(SEED)
+    seed: int | None = _field(ranges.SEED)
     stop: str | list[str] | None = None
     ignore_eos: bool | None = None
-    min_tokens: int | None = _field(MIN_TOKENS)
+    min_tokens: int | None = _field(ranges.MIN_TOKENS)
     logit_bias: dict[str, float] | None = None
 
 
@@ -256,7 +247,7 @@ class GenerationA(SamplingA):
     include_stop_str_in_output: bool | None = None
     skip_special_tokens: bool | None = None
     model: str | None = None
-    n: int | None = _field(CHOICES)
+    n: int | None = _field(ranges.CHOICES)
     stream: bool | None = None
     stream_options: StreamOptionsA | None = None
     logprob_token_ids: list[int] | None = None
@@ -270,7 +261,7 @@ class GenerationA(SamplingA):
 @attrs.frozen(kw_only=True)
 class CompletionA(GenerationA):
     prompt: Any = None
-    max_tokens: int | None = _field(COMPLETION_MAX_TOKENS)
+    max_tokens: int | None = _field(ranges.COMPLETION_MAX_TOKENS)
     logprobs: int | None = None
     echo: bool | None = None
 
@@ -293,8 +284,8 @@ class ChatA(GenerationA):
     messages: list[MessageA]
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    max_tokens: int | None = _field(TOKEN_BUDGET)
-    max_completion_tokens: int | None = _field(TOKEN_BUDGET)
+    max_tokens: int | None = _field(ranges.TOKEN_BUDGET)
+    max_completion_tokens: int | None = _field(ranges.TOKEN_BUDGET)
     add_generation_prompt: bool | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
@@ -328,7 +319,7 @@ class ResponsesA(SamplingA):
     input: str | list[dict[str, Any]] | None = None
     model: str | None = None
     instructions: str | None = None
-    max_output_tokens: int | None = _field(TOKEN_BUDGET)
+    max_output_tokens: int | None = _field(ranges.TOKEN_BUDGET)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
@@ -356,7 +347,7 @@ class DetokenizeA:
     tokens: list[int] | None = attrs.field(
         default=None,
         validator=attrs.validators.optional(
-            attrs.validators.deep_iterable(_within(TOKEN_ID))  # type: ignore[arg-type]
+            attrs.validators.deep_iterable(_within(ranges.TOKEN_ID))  # type: ignore[arg-type]
         ),
     )
     model: str | None = None

@@ -358,7 +358,7 @@ class FakeExecutor:
         self, work: SlotWork, context: list[int], record: CompletionRecord
     ) -> tuple[PositionLogprobs, ...] | None:
         """Each emitted token's position, scored after the tokens before it."""
-        if work.sampling.logprobs is None or not self.geometry.logprob_top_k:
+        if work.sampling.logprobs is None or not self.geometry.logprobs.top_k:
             return None
         geometry = self.geometry
         before = list(context[: record.first_position])
@@ -369,7 +369,7 @@ class FakeExecutor:
                     before,
                     token_id,
                     work.sampling.logprobs,
-                    geometry.logprob_top_k,
+                    geometry.logprobs.top_k,
                     geometry.vocab_size,
                     self._model,
                 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from adapters.cli.runner_args import add_model_argument
+from adapters.cli.runner_args import add_batch_arguments, add_model_argument
 from adapters.core.export import export_core
 from adapters.core.manifest import LOGPROB_LEVELS
 from domain.contract.capabilities import scored_capacities
@@ -31,12 +31,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         f"{NATURAL_TOP_K})",
     )
     parser.add_argument(
-        "--max-num-seqs",
-        type=int,
-        default=16,
-        help="requests served at once; the core's capacity pads it to a multiple of 8",
-    )
-    parser.add_argument(
         "--token-capacity",
         type=int,
         default=0,
@@ -48,11 +42,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="declare prompt scoring (prompt logprobs; needs K=20): scored prefill graphs and "
         "their buffers, which cost device memory when served (default: off)",
     )
-    parser.add_argument(
-        "--max-num-batched-tokens",
-        type=int,
-        default=512,
-        help="the prefill chunk limit: the largest scored capacity (with --prompt-logprobs)",
+    add_batch_arguments(
+        parser,
+        seqs_help="requests served at once; the core's capacity pads it to a multiple of 8",
+        tokens_help="the prefill chunk limit: the largest scored capacity (with --prompt-logprobs)",
     )
     parser.set_defaults(run=run)
 

@@ -17,6 +17,20 @@ def add_model_argument(parser: argparse.ArgumentParser, dest: str) -> None:
     parser.add_argument(dest, nargs="?", default=None, metavar="MODEL", help=MODEL_HELP)
 
 
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    """`--device` of every subcommand that runs the model (auto: CUDA where there is one)."""
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+
+
+def add_batch_arguments(
+    parser: argparse.ArgumentParser, seqs_help: str | None = None, tokens_help: str | None = None
+) -> None:
+    """`--max-num-seqs` and `--max-num-batched-tokens` (the prefill chunk limit), with the same
+    defaults for `serve` and `export`, so that a core exported with them serves them."""
+    parser.add_argument("--max-num-seqs", type=int, default=16, help=seqs_help)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512, help=tokens_help)
+
+
 def add_runner_arguments(
     parser: argparse.ArgumentParser, model_positional: str | None = None
 ) -> None:
@@ -24,13 +38,12 @@ def add_runner_arguments(
     if model_positional is not None:
         add_model_argument(parser, model_positional)
     parser.add_argument("--model", default=None, help=MODEL_HELP)
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    add_device_argument(parser)
     parser.add_argument(
         "--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16")
     )
-    parser.add_argument("--max-num-seqs", type=int, default=16)
+    add_batch_arguments(parser)
     parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=512)
     parser.add_argument(
         "--kv-cache-memory",
         type=int,

@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from adapters.cli.runner_args import add_device_argument
 from adapters.gpu.distributed.collectives import ParallelFailure
 from adapters.gpu.distributed.group import Rendezvous
 from adapters.gpu.distributed.launch import run_peer
@@ -20,7 +21,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "MASTER_ADDR:MASTER_PORT. Everything else (model, settings) comes from rank 0; the model "
         "directory must be at the same path on this machine.",
     )
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    add_device_argument(parser)
     parser.add_argument(
         "--local-ranks",
         type=int,

@@ -117,14 +117,14 @@ class TorchExecutor:
         )
         # Scoring storage exists only when the geometry declares scored capacities.
         self._scores = None
-        if geometry.scores_prompts:
+        if geometry.logprobs.scores_prompts:
             scorer: PromptScorer | VocabParallelPromptScorer = PromptScorer(geometry.vocab_size)
             if split is not None:
                 scorer = VocabParallelPromptScorer(
                     geometry.vocab_size, split.rank, split.world_size, self._collectives
                 )
             self._scores = PromptScoreFrames(
-                geometry.scored_capacities, geometry.vocab_size, device, scorer
+                geometry.logprobs.scored_capacities, geometry.vocab_size, device, scorer
             )
         self._next_frame = 0
         # Per frame: the lanes its submission retired.

@@ -176,9 +176,7 @@ def build_executor(
         vocab_size=min(vocab_size, config.vocab_size),
         max_model_len=max_model_len,
         token_capacity=resolve_token_capacity(token_capacity or settings.token_capacity),
-        logprob_top_k=capability.top_k,
-        selects_logprob_ids=capability.selects_ids,
-        scored_capacities=capability.scored_capacities,
+        logprobs=capability,
     )
     backend = settings.resolve_logprobs_backend(device)
     draft = None

@@ -12,6 +12,7 @@ from domain.contract.buffers import (
     Extent,
     buffers_in,
 )
+from domain.logprobs.rules import LogprobLimits
 from domain.logprobs.values import FULL_POSITION_WORDS, NATURAL_TOP_K
 
 # The smallest scored graph, and the factor between neighbouring capacities below the limit.
@@ -109,6 +110,16 @@ class LogprobCapability:
     def scored_rows(self) -> int:
         """C, the largest scored capacity (the prompt chunk limit); 0 without scoring."""
         return self.scored_capacities[-1] if self.scored_capacities else 0
+
+    def limits(self, max_logprobs: int, vocab_size: int) -> LogprobLimits:
+        """What requests may ask of a core with this capability, under `--max-logprobs`."""
+        return LogprobLimits(
+            top_k=self.top_k,
+            selects_ids=self.selects_ids,
+            scores_prompts=self.scores_prompts,
+            max_logprobs=max_logprobs,
+            vocab_size=vocab_size,
+        )
 
     @property
     def position_words(self) -> int:

@@ -14,7 +14,6 @@ from domain.common.errors import OverloadedError
 from domain.emission.channel import OutputChannel
 from domain.engine.admitted import AdmittedRequests
 from domain.engine.scheduler import Scheduler, SchedulerConfig
-from domain.logprobs.rules import LogprobLimits
 from domain.requests.engine_request import CheckedRequest, EngineRequest
 from domain.speculation.drafts import SpeculativeConfig
 from domain.telemetry.step_tally import StepTally
@@ -67,13 +66,7 @@ class Engine:
         self._grammars = grammars
         self.max_model_len = geometry.max_model_len
         self.vocab_size = geometry.vocab_size
-        self.logprob_limits = LogprobLimits(
-            top_k=geometry.logprob_top_k,
-            selects_ids=geometry.selects_logprob_ids,
-            scores_prompts=geometry.scores_prompts,
-            max_logprobs=config.max_logprobs,
-            vocab_size=geometry.vocab_size,
-        )
+        self.logprob_limits = geometry.logprobs.limits(config.max_logprobs, geometry.vocab_size)
         self._scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=min(config.max_num_seqs or geometry.capacity, geometry.capacity),
@@ -81,7 +74,7 @@ class Engine:
                 block_size=geometry.block_size,
                 num_blocks=geometry.num_blocks,
                 max_model_len=geometry.max_model_len,
-                scored_token_limit=geometry.scored_token_limit,
+                scored_token_limit=geometry.logprobs.scored_rows,
             )
         )
         self._requests = AdmittedRequests(

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from domain.contract.capabilities import FULL_LOGPROBS
+from domain.contract.capabilities import FULL_LOGPROBS, NO_LOGPROBS
 from domain.contract.records import Finish, Role
 from domain.engine.commit import commit_round
 from domain.engine.step import SlotWork, StepPlan
@@ -29,10 +29,12 @@ from tests.support.geometry import fake_geometry
 
 BLOCK = 4
 SCORED_CAPACITY = 32
+# Both executors serve the full logprob core and score prompts of up to 32 rows.
+SCORING = replace(FULL_LOGPROBS, scored_capacities=(SCORED_CAPACITY,))
 GREEDY = SamplingParams(temperature=0.0)
 SAMPLED = SamplingParams(temperature=1.0, top_k=20)
 # The fake's sizes; the torch executor's come from `torch_settings` and the tiny model.
-FAKE_GEOMETRY = fake_geometry(logprobs=False, block_size=BLOCK, max_model_len=128)
+FAKE_GEOMETRY = fake_geometry(logprobs=NO_LOGPROBS, block_size=BLOCK, max_model_len=128)
 
 
 def torch_settings():
@@ -46,22 +48,15 @@ def torch_settings():
 @pytest.fixture(scope="module", params=["fake", pytest.param("torch", marks=pytest.mark.model)])
 def executor(request, tmp_path_factory) -> ModelExecutor:
     if request.param == "fake":
-        geometry = replace(
-            FAKE_GEOMETRY,
-            logprob_top_k=20,
-            selects_logprob_ids=True,
-            scored_capacities=(SCORED_CAPACITY,),
-        )
-        return FakeExecutor(geometry)
+        return FakeExecutor(replace(FAKE_GEOMETRY, logprobs=SCORING))
     from adapters.gpu.factory import build_executor
     from adapters.tokenizer.hf import HfTokenizer
     from tests.support.tiny_serving import build_tiny_model_dir
 
     model_dir = build_tiny_model_dir(tmp_path_factory.mktemp("conformance"))
     settings = torch_settings()
-    capability = replace(FULL_LOGPROBS, scored_capacities=(SCORED_CAPACITY,))
     vocab_size = HfTokenizer.from_dir(model_dir).vocab_size
-    return build_executor(model_dir, settings, vocab_size, capability=capability)
+    return build_executor(model_dir, settings, vocab_size, capability=SCORING)
 
 
 class Lanes:
@@ -166,7 +161,7 @@ def test_only_requesting_lanes_carry_payloads_and_none_without_a_request(executo
 
 
 def test_natural_alternatives_follow_the_reported_order(executor):
-    top_k = executor.geometry.logprob_top_k
+    top_k = executor.geometry.logprobs.top_k
     result = run(executor, Lanes().work(0, prompt(9), logprobs=LogprobOptions(top_k=2)))
 
     (position,) = result.lane_logprobs(0)

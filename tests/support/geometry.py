@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from domain.contract.capabilities import FULL_LOGPROBS, LogprobCapability
 from domain.contract.geometry import ExecutorGeometry
 
 SIZES = {
@@ -14,11 +15,11 @@ SIZES = {
     "max_model_len": 64,
     "token_capacity": 8,
 }
-# The full logprob core: K = 20 natural entries plus the selected IDs.
-FULL_CORE = {"logprob_top_k": 20, "selects_logprob_ids": True}
 
 
-def fake_geometry(*, logprobs: bool = True, **fields: Any) -> ExecutorGeometry:
+def fake_geometry(
+    *, logprobs: LogprobCapability = FULL_LOGPROBS, **fields: Any
+) -> ExecutorGeometry:
     """Eight slots, 4-token blocks and a 64-token vocabulary unless `fields` say otherwise;
-    with the full logprob core unless `logprobs` is False."""
-    return ExecutorGeometry(**{**SIZES, **(FULL_CORE if logprobs else {}), **fields})
+    with the full logprob core (K = 20 plus selected IDs) unless `logprobs` says otherwise."""
+    return ExecutorGeometry(**{**SIZES, **fields}, logprobs=logprobs)

@@ -16,7 +16,6 @@ from domain.contract.geometry import ExecutorGeometry
 from domain.contract.records import HEADER_WORDS, CompletionRecord
 from domain.engine.step import SlotWork
 from domain.logprobs.values import (
-    FULL_POSITION_WORDS,
     MAX_SELECTED_IDS,
     PositionLogprobs,
     unpack_position,
@@ -65,7 +64,7 @@ class CompletionOutputs:
         capacity, tokens = geometry.capacity, geometry.token_capacity
         self._geometry = geometry
         self._device = device
-        self._top_k = geometry.logprob_top_k
+        self._top_k = geometry.logprobs.top_k
         # The logits lanes this rank reduces: the vocabulary, or its shard of it.
         self._width = geometry.vocab_size if split is None else split.vocab[1] - split.vocab[0]
         self._records = torch.zeros((2, capacity, HEADER_WORDS + tokens), dtype=torch.int64)
@@ -73,8 +72,8 @@ class CompletionOutputs:
         self._requests: list[_FrameRequests | None] = [None, None]
         self.buffers: LogprobBuffers | None = None
         if self._top_k:
-            words = FULL_POSITION_WORDS if geometry.selects_logprob_ids else 2 + 2 * self._top_k
-            selects = geometry.selects_logprob_ids
+            words = geometry.logprobs.position_words
+            selects = geometry.logprobs.selects_ids
             self.buffers = LogprobBuffers(
                 logprobs=torch.zeros(
                     (2, capacity, tokens, words), dtype=torch.int32, device=device

@@ -288,5 +288,5 @@ def test_requests_without_prompt_logprobs_never_select_the_scored_operation(tiny
 def test_an_executor_without_scored_capacities_keeps_no_scoring_storage(tiny_model_dir):
     engine, _ = make_engine(tiny_model_dir, budget=32, scoring=False)
     executor = engine._executor  # noqa: SLF001 - the storage is private by design
-    assert executor.geometry.scored_capacities == ()
+    assert executor.geometry.logprobs.scored_capacities == ()
     assert executor._scores is None  # noqa: SLF001

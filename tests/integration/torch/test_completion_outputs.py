@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from adapters.gpu.logprobs.completion_outputs import CompletionOutputs
+from domain.contract.capabilities import LogprobCapability
 from domain.contract.geometry import ExecutorGeometry
 from domain.contract.records import CompletionRecord, Role
 from domain.engine.step import SlotWork
@@ -28,8 +29,7 @@ def geometry(top_k: int = 20, selects: bool = True) -> ExecutorGeometry:
         num_blocks=8,
         vocab_size=VOCAB,
         max_model_len=32,
-        logprob_top_k=top_k,
-        selects_logprob_ids=selects,
+        logprobs=LogprobCapability(top_k=top_k, selects_ids=selects),
     )
 
 

@@ -18,6 +18,7 @@ from domain.contract.capabilities import (
     scoring_problem,
     selected_ids_problem,
 )
+from domain.logprobs.rules import LogprobLimits
 
 SCORING = LogprobCapability(top_k=20, selects_ids=True, scored_capacities=(128, 512))
 
@@ -186,3 +187,14 @@ def test_a_natural_capability_packs_two_plus_two_k_words_per_position(top_k: int
     form = natural.form(contract_buffer("completion_logprobs"), 16, 8)
 
     assert form == ("int32", (2, 16, 8, 2 + 2 * top_k))
+
+
+def test_request_limits_take_the_capabilitys_k_ids_and_scoring_with_the_server_limits() -> None:
+    natural = LogprobCapability(top_k=5, selects_ids=False)
+
+    assert SCORING.limits(max_logprobs=3, vocab_size=50) == LogprobLimits(
+        top_k=20, selects_ids=True, scores_prompts=True, max_logprobs=3, vocab_size=50
+    )
+    assert natural.limits(max_logprobs=20, vocab_size=64) == LogprobLimits(
+        top_k=5, selects_ids=False, scores_prompts=False, max_logprobs=20, vocab_size=64
+    )

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from domain.common.errors import InvalidRequestError
+from domain.contract.capabilities import NO_LOGPROBS
 from domain.contract.frames import FrameResult
 from domain.emission.outputs import ChoiceDelta, RequestEnd
 from domain.engine.engine import Engine, EngineConfig
@@ -31,7 +32,7 @@ def make_engine(
     observer: RecordingObserver | None = None,
 ) -> tuple[Engine, FakeExecutor]:
     geometry = fake_geometry(
-        logprobs=False,
+        logprobs=NO_LOGPROBS,
         capacity=capacity,
         block_size=block_size,
         num_blocks=num_blocks,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from domain.contract.capabilities import NO_LOGPROBS, LogprobCapability
 from domain.contract.geometry import ExecutorGeometry
 from domain.engine.engine import Engine, EngineConfig
 from domain.logprobs.rules import LogprobAsk
@@ -23,11 +24,14 @@ from tests.support.geometry import fake_geometry
 
 NUM_BLOCKS = 64
 BLOCK_SIZE = 4
+NATURAL_K20 = LogprobCapability(top_k=20, selects_ids=False)
+# Scoring whole prompts of up to 32 rows in one prefill.
+SCORING = LogprobCapability(top_k=20, selects_ids=False, scored_capacities=(32,))
 
 
-def geometry(**overrides) -> ExecutorGeometry:
+def geometry(logprobs: LogprobCapability = NO_LOGPROBS, **overrides) -> ExecutorGeometry:
     sizes = {"block_size": BLOCK_SIZE, "num_blocks": NUM_BLOCKS, **overrides}
-    return fake_geometry(logprobs=False, **sizes)
+    return fake_geometry(logprobs=logprobs, **sizes)
 
 
 def observed_engine(
@@ -192,7 +196,7 @@ def test_preemptions_are_reported_once_each_and_re_prefills_add_no_prompt_tokens
 
 
 def test_logprob_positions_and_payload_bytes_come_from_what_the_frames_carried():
-    engine, observer, _ = observed_engine(logprob_top_k=20)
+    engine, observer, _ = observed_engine(logprobs=NATURAL_K20)
     asks = request("asks", 4, 3, logprobs=LogprobAsk(wanted=True, count=2))
 
     engine.submit(asks)
@@ -204,7 +208,7 @@ def test_logprob_positions_and_payload_bytes_come_from_what_the_frames_carried()
 
 
 def test_scored_prompt_rows_are_counted_once_per_position_with_a_target():
-    engine, observer, _ = observed_engine(scored_capacities=(32,))
+    engine, observer, _ = observed_engine(logprobs=SCORING)
 
     engine.submit(request("scored", 6, 2, logprobs=LogprobAsk(prompt_logprobs=1)))
     step_until_idle(engine)
@@ -216,7 +220,7 @@ def test_scored_prompt_rows_are_counted_once_per_position_with_a_target():
 
 
 def test_a_prefill_only_request_counts_its_prompt_and_ends_with_length_without_tokens():
-    engine, observer, _ = observed_engine(scored_capacities=(32,))
+    engine, observer, _ = observed_engine(logprobs=SCORING)
 
     engine.submit(
         request("echo", 6, 1, n=2, logprobs=LogprobAsk(prompt_logprobs=1), prefill_only=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from domain.contract.capabilities import NO_LOGPROBS
 from domain.engine.step import SlotWork
 from domain.requests.choice_sampling import LaneSampling
 from domain.requests.sampling import SamplingParams
@@ -97,7 +98,7 @@ def test_the_fake_restarts_a_matcher_at_position_zero_as_the_grammar_lanes_do():
     from tests.support.geometry import fake_geometry
 
     geometry = fake_geometry(
-        logprobs=False, capacity=2, num_blocks=16, max_model_len=32, token_capacity=4
+        logprobs=NO_LOGPROBS, capacity=2, num_blocks=16, max_model_len=32, token_capacity=4
     )
     executor = FakeExecutor(geometry, grammars=FakeGrammarCompiler())
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from domain.common.errors import InvalidRequestError
+from domain.contract.capabilities import NO_LOGPROBS
 from domain.contract.frames import FrameResult
 from domain.contract.records import Role
 from domain.emission.outputs import ChoiceDelta
@@ -210,7 +211,7 @@ def test_a_spec_the_compiler_refuses_is_a_400_before_admission():
 
 
 def test_without_a_grammar_engine_a_constraint_is_a_400():
-    geometry = fake_geometry(logprobs=False, capacity=2, block_size=2, max_model_len=48)
+    geometry = fake_geometry(logprobs=NO_LOGPROBS, capacity=2, block_size=2, max_model_len=48)
     engine = Engine(FakeExecutor(geometry), FakeTokenizer())
 
     with pytest.raises(InvalidRequestError, match="grammar engine") as caught:
