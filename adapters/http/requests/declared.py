@@ -54,6 +54,8 @@ TokenId = Annotated[
     Annotated[int, _int(TOKEN_ID)] | Annotated[float, _whole(TOKEN_ID)], _says(TOKEN_ID.describe())
 ]
 TokenIds = Annotated[list[TokenId], _says("a list of integers")]
+# Integers judged later, in the order of a rule that quotes their range (selected logprob IDs).
+Integers = Annotated[list[Integer], _says("a list of integers")]
 CompletionMaxTokens = Annotated[
     Annotated[int, _int(COMPLETION_MAX_TOKENS)] | Annotated[float, _whole(COMPLETION_MAX_TOKENS)],
     _says(COMPLETION_MAX_TOKENS.describe()),
@@ -83,7 +85,7 @@ Stop = Annotated[str | list[str], _says("a string or a list of strings, in valid
 # Keys are ASCII decimal token IDs: int() alone would also take " 7", "+7", "1_0" and other
 # scripts' digits.
 LogitBias = Annotated[
-    dict[Annotated[str, Meta(pattern="^[0-9]+$")], float],
+    dict[Annotated[str, Meta(pattern=r"^[0-9]+\Z")], float],
     _says("an object mapping token IDs to numbers"),
 ]
 

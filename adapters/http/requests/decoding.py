@@ -155,18 +155,23 @@ def _check_text(body: dict, declared: set[str]) -> None:
 
 
 def _bad_text(value: Any, path: str) -> str | None:
-    """The path of the first string (or key) inside `value` that is not valid Unicode."""
-    if isinstance(value, str):
-        return None if is_text(value) else path
-    if isinstance(value, list):
-        items = ((f"{path}[{i}]", item) for i, item in enumerate(value))
-    elif isinstance(value, dict):
-        if not all(is_text(key) for key in value):
-            return path
-        items = ((f"{path}.{key}", item) for key, item in value.items())
-    else:
-        return None
-    return next((bad for where, item in items if (bad := _bad_text(item, where))), None)
+    """The path of the first string (or key) inside `value` that is not valid Unicode.
+
+    A walk with its own stack: json.loads reads nesting deeper than Python's call stack.
+    """
+    pending: list[tuple[str, Any]] = [(path, value)]
+    while pending:
+        where, item = pending.pop()
+        if isinstance(item, str):
+            if not is_text(item):
+                return where
+        elif isinstance(item, list):
+            pending.extend(reversed([(f"{where}[{i}]", x) for i, x in enumerate(item)]))
+        elif isinstance(item, dict):
+            if not all(is_text(key) for key in item):
+                return where
+            pending.extend(reversed([(f"{where}.{key}", x) for key, x in item.items()]))
+    return None
 
 
 def decimal_int(literal: str) -> int:

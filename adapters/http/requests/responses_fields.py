@@ -96,7 +96,7 @@ class FunctionTool(StrictBody, frozen=True):
     name: Annotated[
         str,
         Meta(
-            pattern="^[a-zA-Z0-9_-]{1,64}$",
+            pattern=r"^[a-zA-Z0-9_-]{1,64}\Z",
             description="1 to 64 letters, digits, underscores or dashes",
         ),
     ]

@@ -7,6 +7,7 @@ from typing import Any
 from adapters.http.requests.declared import (
     Body,
     Flag,
+    Integers,
     JsonObject,
     LogitBias,
     MinTokens,
@@ -14,7 +15,6 @@ from adapters.http.requests.declared import (
     Seed,
     Stop,
     Text,
-    TokenIds,
     TopK,
     whole,
 )
@@ -32,7 +32,7 @@ class Generating(Body, frozen=True):
 
     model: Text | None = None
     stream: Flag | None = None
-    logprob_token_ids: TokenIds | None = None
+    logprob_token_ids: Integers | None = None
     return_tokens_as_token_ids: Flag | None = None
     structured_outputs: JsonObject | None = None
     temperature: Number | None = None

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Any
 
-from msgspec import Meta, structs
+from msgspec import structs
 
-from adapters.http.requests.chat import ChatFields, Message, chat_api_request
+from adapters.http.requests.chat import ChatBody, chat_api_request
 from adapters.http.requests.declared import Body, Flag, Text, TokenIds, whole
 from adapters.http.requests.decoding import decode
 from domain.common.errors import InvalidRequestError
@@ -14,14 +14,23 @@ from domain.common.ranges import check_token_ids
 from ports.tokenizer import Tokenizer
 
 
-class TokenizeBody(ChatFields, frozen=True):
-    """A prompt, or messages with the chat body's fields (validated as chat validates them)."""
+class TokenizeBody(Body, frozen=True):
+    """What `/tokenize` reads of a prompt body; a body with `messages` is read again as chat's.
+
+    Like vLLM, a prompt body's other fields are ignored, and so is a chat body's budget.
+    """
 
     prompt: Text | None = None
     add_special_tokens: Flag | None = None
-    messages: (
-        Annotated[list[Message], Meta(min_length=1, description="a non-empty list")] | None
-    ) = None
+    model: Text | None = None
+    messages: Any = None
+
+
+class ChatTokenizeBody(ChatBody, frozen=True):
+    """A chat body whose output budget is ignored: `/tokenize` only renders its prompt."""
+
+    max_tokens: Any = None
+    max_completion_tokens: Any = None
 
 
 class DetokenizeBody(Body, frozen=True):
@@ -33,8 +42,9 @@ def tokenize_request(raw: bytes, tokenizer: Tokenizer) -> tuple[list[int], str |
     """The prompt's token IDs and the model the body names."""
     body = decode(raw, TokenizeBody)
     if body.messages is not None:
-        chat = chat_api_request(structs.replace(body, max_tokens=1), tokenizer, body.messages)
-        return list(chat.prompts[0].token_ids), body.model
+        chat = decode(raw, ChatTokenizeBody)
+        budget = structs.replace(chat, max_tokens=None, max_completion_tokens=1)
+        return list(chat_api_request(budget, tokenizer).prompts[0].token_ids), chat.model
     if body.prompt is None:
         raise InvalidRequestError("`prompt` or `messages` is required", param="prompt")
     add_special = body.add_special_tokens is not False

@@ -113,3 +113,67 @@ def test_a_body_nested_too_deeply_is_a_400_not_a_crash(client, where):
     )
 
     assert "nested too deeply" in assert_error(result, 400)["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "odd"),
+    [
+        ("/v1/chat/completions", '"x": NaN'),
+        ("/v1/completions", '"temperature": Infinity'),
+        ("/v1/responses", '"instructions": "\\ud800"'),
+    ],
+)
+def test_a_body_read_again_for_an_odd_literal_stays_a_400_when_a_member_is_nested_deep(
+    client, path, odd
+):
+    # json.loads reads 600 levels; the second reading must not run out of stack on them.
+    deep = "[" * 600 + "]" * 600
+    fields = {
+        "/v1/chat/completions": f'"messages": [{{"role": "user", "content": "hi"}}], '
+        f'"response_format": {{"a": {deep}}}',
+        "/v1/completions": f'"prompt": "hi", "structured_outputs": {{"json": {deep}}}',
+        "/v1/responses": f'"input": [{{"role": "user", "content": "a", "x": {deep}}}]',
+    }[path]
+    body = "{" + fields + ", " + odd + "}"
+
+    result = client.simulate_post(path, body=body, headers={"content-type": "application/json"})
+
+    assert_error(result, 400)
+
+
+def test_a_logit_bias_key_with_a_trailing_newline_is_not_a_token_id(client):
+    body = {"prompt": "x", "max_tokens": 1, "logit_bias": {"5\n": 1}}
+
+    assert_error(client.simulate_post("/v1/completions", json=body), 400, "logit_bias")
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {"prompt": "x", "logprobs": -1, "logprob_token_ids": [-5]}, "logprobs"),
+        (
+            "/v1/chat/completions",
+            {"messages": USER, "logprobs": True, "top_logprobs": 50, "logprob_token_ids": [-1]},
+            "top_logprobs",
+        ),
+        ("/v1/responses", {"input": "x", "include": ["x"], "logprob_token_ids": [-1]}, "include"),
+    ],
+)
+def test_logprob_errors_come_in_the_documented_order_whatever_the_token_ids(
+    client, path, body, param
+):
+    assert_error(client.simulate_post(path, json=body), 400, param)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"prompt": "hi", "logprobs": 5, "temperature": "hot"},
+        {"messages": USER, "max_tokens": 0},
+    ],
+)
+def test_tokenize_ignores_the_generation_fields_it_does_not_use(client, body):
+    result = client.simulate_post("/tokenize", json=body)
+
+    assert result.status_code == 200, result.text
+    assert result.json["count"] > 0
