@@ -18,10 +18,11 @@ class ModelExecutor(Protocol):
       returns for the lane's sampled tokens, with that finish; a lane that only feeds prompt
       tokens has role PROMPT and emits nothing.
     - A speculative lane (`SlotWork.speculation`) verifies its drafts (history drafts fed after
-      its last token, or `propose` drafts from the executor's draft model): its record has role
-      SPECULATIVE, `drafts offered`, and emits what `commit_round` returns for the accepted
-      drafts plus the target's own next token, from `first_emitted_position`, with the
-      accepted drafts it returns (those emitted: a stop or the length limit clips them).
+      its last token, or the `propose` drafts its `DraftLane` asks of the executor's draft
+      model): its record has role SPECULATIVE, `drafts offered`, and emits what `commit_round`
+      returns for the accepted drafts plus the target's own next token, from
+      `first_emitted_position`, with the accepted drafts it returns (those emitted: a stop or
+      the length limit clips them).
       Greedy lanes keep drafts equal to the target's choice.
     - `read(f)` returns that frame's records and, for requesting lanes only, their decoded
       logprob positions (one per emitted token, from the raw target row that chose it); the

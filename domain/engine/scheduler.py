@@ -252,12 +252,14 @@ def _work(
     verifies = sample and chunk == 1 and not scored and forced is None
     part = sequence.speculation if verifies else None
     drafts = part.lane(proposal or Proposal(), sequence.tokens_between, end) if part else None
+    if proposal is not None and proposal.drafts and drafts is None:
+        raise ValueError(f"drafts planned for {sequence.request_id}, whose lane does not verify")
     constraint = sequence.constraint
     grammar = constraint.lane(len(sequence.prompt), sequence.answer_offset) if constraint else None
     return SlotWork(
         slot=cache.slot,
         epoch=cache.epoch,
-        token_ids=sequence.tokens_between(start, end) + (proposal.drafts if proposal else ()),
+        token_ids=sequence.tokens_between(start, end) + (drafts.drafts if drafts else ()),
         start_position=start,
         block_table=tuple(cache.blocks),
         prompt_len=len(sequence.prompt),

@@ -23,10 +23,12 @@ class SequenceState(enum.Enum):
 class Sequence:
     """Mutable progress of one choice; only the scheduler and the engine change it.
 
-    A preempted sequence drops its cache placement and later re-prefills prompt plus outputs.
-    Each feature keeps its state in one optional part of its own package: `speculation`,
-    `thinking` (the budget's tracker over prompt and outputs, so a preempted choice resumes it
-    after re-prefill), `constraint` (the output grammar) and `scoring` (the prompt's scores).
+    `sampling` holds what admission fixed for the choice (seed, stop tokens, bans, budget) and
+    `cache` its placement; a preempted sequence drops the placement and later re-prefills
+    prompt plus outputs. Each feature keeps its state in one optional part of its own package:
+    `speculation`, `thinking` (the budget's tracker over prompt and outputs, so a preempted
+    choice resumes it after re-prefill), `constraint` (the output grammar) and `scoring` (the
+    prompt's scores).
     """
 
     request_id: str

@@ -54,7 +54,7 @@ class DraftRunner:
         self._collectives = collectives
 
     def propose(self, works: list[SlotWork]) -> Proposals:
-        """Drafts for every lane with `propose > 0`, in their order."""
+        """Drafts for the given lanes, in their order; each must propose (`DraftLane.propose`)."""
         lanes = [w.speculation for w in works]
         if any(lane is None or not lane.propose for lane in lanes):
             raise ValueError("only lanes that propose drafts go to the draft model")

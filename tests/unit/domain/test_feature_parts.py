@@ -132,3 +132,13 @@ def test_each_sequence_has_a_place_in_the_cache_of_its_own():
     first.cache.blocks.append(3)
 
     assert second.cache.blocks == [] and first.cache.slot is None
+
+
+def test_drafts_planned_for_a_lane_that_does_not_verify_are_refused_not_fed():
+    from domain.engine.scheduler import _work
+
+    sequence = Sequence("plain", 0, (1, 2, 3), ChoiceSampling(SamplingParams(max_tokens=4), 3, 4))
+    sequence.cache.slot, sequence.cache.num_computed = 0, 2
+
+    with pytest.raises(ValueError, match="does not verify"):
+        _work(sequence, 1, False, Proposal(drafts=(5, 6)))
