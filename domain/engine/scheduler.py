@@ -137,9 +137,9 @@ class Scheduler:
         advanced = []
         for lane, record in enumerate(records):
             sequence = self._by_slot.get(record.slot)
-            cache = sequence.cache if sequence is not None else None
-            if sequence is None or cache is None or cache.epoch != record.epoch:
+            if sequence is None or sequence.cache.epoch != record.epoch:
                 continue
+            cache = sequence.cache
             if not cache.in_flight:
                 continue
             # Of the drafts fed after the chunk, only the accepted ones left valid cache entries.
