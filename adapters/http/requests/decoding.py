@@ -64,9 +64,10 @@ def invalid(error: msgspec.ValidationError, body: Any, prefix: str = "") -> Inva
     assert where is not None  # the pattern matches any text
     text, path = where["text"], prefix + (where["path"] or "")
     field = _FIELD.match(text)
+    # A field named at the top is the param whole, whatever characters its name holds.
+    param = field["name"] if field is not None and not path else _top(path)
     if field is not None:
         path = f"{path}.{field['name']}"
-    param = _top(path)
     # A mapping's keys and values are shown as the mapping: their names are the sender's.
     shown = path.split("[...]")[0].lstrip(".")
     if param is None:

@@ -177,3 +177,10 @@ def test_tokenize_ignores_the_generation_fields_it_does_not_use(client, body):
 
     assert result.status_code == 200, result.text
     assert result.json["count"] > 0
+
+
+@pytest.mark.parametrize("name", ["a.b", "[x", ""])
+def test_an_unknown_responses_field_is_named_whole_in_param_whatever_its_characters(client, name):
+    result = client.simulate_post("/v1/responses", json={"input": "x", name: 1})
+
+    assert_error(result, 400, name)
