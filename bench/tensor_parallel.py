@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from adapters.core.export import resolve_core  # noqa: E402
+from adapters.core.export import CoreSizes, resolve_core  # noqa: E402
 from adapters.gpu.distributed.launch import ParallelLaunch, World, start_world  # noqa: E402
 from adapters.gpu.distributed.split import split_model  # noqa: E402
 from adapters.gpu.factory import ExecutorRecipe, RunnerSettings  # noqa: E402
@@ -225,7 +225,7 @@ def main() -> None:
     runner = RunnerSettings(
         device="cpu", max_num_seqs=8, max_model_len=1024, kv_cache_bytes=128 << 20
     )
-    core = resolve_core(None, max_num_seqs=runner.max_num_seqs, token_capacity=0)
+    core = resolve_core(None, CoreSizes(runner.max_num_seqs))
     tokenizer = HfTokenizer.from_dir(core.model_dir)
     recipe = ExecutorRecipe(
         core.model_dir,

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from adapters.core.export import resolve_core
+from adapters.core.export import CoreSizes, resolve_core
 from adapters.gpu.distributed.launch import ParallelLaunch, start_world
 from adapters.gpu.factory import ExecutorRecipe, RunnerSettings
 from adapters.gpu.loading.default_model import resolve_model_dir
@@ -47,12 +47,12 @@ def load(
 
     With `runner.tensor_parallel_size` > 1 this process becomes rank 0 of a world started as
     `parallel` says; `on_failure` hears once if the world breaks."""
-    core = resolve_core(
-        model,
-        max_num_seqs=runner.max_num_seqs,
-        token_capacity=runner.token_capacity,
-        prompt_chunk_limit=engine_config.max_num_batched_tokens if runner.prompt_logprobs else 0,
+    sizes = CoreSizes(
+        runner.max_num_seqs,
+        runner.token_capacity,
+        engine_config.max_num_batched_tokens if runner.prompt_logprobs else 0,
     )
+    core = resolve_core(model, sizes)
     model_dir = core.model_dir
     tokenizer = HfTokenizer.from_dir(model_dir)
     recipe = ExecutorRecipe(

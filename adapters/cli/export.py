@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from adapters.cli.runner_args import add_batch_arguments, add_model_argument
-from adapters.core.export import export_core
+from adapters.core.export import CoreSizes, export_core
 from adapters.core.manifest import LOGPROB_LEVELS
 from domain.contract.capabilities import scored_capacities
 from domain.contract.core_validation import CoreValidationError
@@ -55,14 +55,10 @@ def run(args: argparse.Namespace) -> int:
         if args.prompt_logprobs:
             # A non-positive limit would silently mean "no scoring"; refuse it instead.
             scored_capacities(args.max_num_batched_tokens)
+        chunk_limit = args.max_num_batched_tokens if args.prompt_logprobs else 0
+        sizes = CoreSizes(args.max_num_seqs, args.token_capacity, chunk_limit)
         core = export_core(
-            args.model,
-            args.output,
-            logprobs=args.logprobs,
-            top_k=args.top_k,
-            max_num_seqs=args.max_num_seqs,
-            token_capacity=args.token_capacity,
-            prompt_chunk_limit=args.max_num_batched_tokens if args.prompt_logprobs else 0,
+            args.model, args.output, logprobs=args.logprobs, top_k=args.top_k, sizes=sizes
         )
     except (CoreValidationError, ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -41,6 +41,11 @@ class BufferGroup(enum.Enum):
     PROMPT_SCORING = "prompt scoring"
 
 
+# Short names for the table below.
+_RECORDS, _NATURAL = BufferGroup.RECORDS, BufferGroup.NATURAL
+_SELECTED, _SCORING = BufferGroup.SELECTED_IDS, BufferGroup.PROMPT_SCORING
+
+
 @dataclass(frozen=True, slots=True)
 class ContractBuffer:
     """One row of the table. `source` feeds an input of the same name; outputs have none."""
@@ -58,54 +63,26 @@ class ContractBuffer:
         return self.dtype, self.shape(capacity, token_capacity, rows)
 
 
+# One row per buffer: name, dtype, shape (capacity, T, C), group, and the value source of an
+# input (outputs have none).
+# fmt: off
 CONTRACT_BUFFERS = (
-    ContractBuffer(
-        COMPLETION_RECORDS,
-        "int64",
-        lambda capacity, t, c: (COMPLETION_FRAMES, capacity, HEADER_WORDS + t),
-        BufferGroup.RECORDS,
-    ),
-    ContractBuffer(
-        COMPLETION_LOGPROBS,
-        "int32",
-        lambda capacity, t, c: (COMPLETION_FRAMES, capacity, t, FULL_POSITION_WORDS),
-        BufferGroup.NATURAL,
-    ),
-    ContractBuffer(
-        LOGPROB_REQUESTED,
-        "int32",
-        lambda capacity, t, c: (capacity,),
-        BufferGroup.NATURAL,
-        source="LOGPROB_REQUESTED",
-    ),
-    ContractBuffer(
-        LOGPROB_TOKEN_IDS,
-        "int32",
-        lambda capacity, t, c: (capacity, MAX_SELECTED_IDS),
-        BufferGroup.SELECTED_IDS,
-        source="LOGPROB_TOKEN_IDS",
-    ),
-    ContractBuffer(
-        LOGPROB_TOKEN_ID_COUNTS,
-        "int32",
-        lambda capacity, t, c: (capacity,),
-        BufferGroup.SELECTED_IDS,
-        source="LOGPROB_TOKEN_ID_COUNTS",
-    ),
-    ContractBuffer(
-        PROMPT_LOGPROBS,
-        "int32",
-        lambda capacity, t, c: (COMPLETION_FRAMES, c, PROMPT_ROW_WORDS),
-        BufferGroup.PROMPT_SCORING,
-    ),
-    ContractBuffer(
-        PROMPT_TARGET_TOKENS,
-        "int32",
-        lambda capacity, t, c: (c,),
-        BufferGroup.PROMPT_SCORING,
-        source="PROMPT_TARGET_TOKEN",
-    ),
+    ContractBuffer(COMPLETION_RECORDS, "int64",
+                   lambda n, t, c: (COMPLETION_FRAMES, n, HEADER_WORDS + t), _RECORDS),
+    ContractBuffer(COMPLETION_LOGPROBS, "int32",
+                   lambda n, t, c: (COMPLETION_FRAMES, n, t, FULL_POSITION_WORDS), _NATURAL),
+    ContractBuffer(LOGPROB_REQUESTED, "int32", lambda n, t, c: (n,), _NATURAL,
+                   source="LOGPROB_REQUESTED"),
+    ContractBuffer(LOGPROB_TOKEN_IDS, "int32", lambda n, t, c: (n, MAX_SELECTED_IDS), _SELECTED,
+                   source="LOGPROB_TOKEN_IDS"),
+    ContractBuffer(LOGPROB_TOKEN_ID_COUNTS, "int32", lambda n, t, c: (n,), _SELECTED,
+                   source="LOGPROB_TOKEN_ID_COUNTS"),
+    ContractBuffer(PROMPT_LOGPROBS, "int32",
+                   lambda n, t, c: (COMPLETION_FRAMES, c, PROMPT_ROW_WORDS), _SCORING),
+    ContractBuffer(PROMPT_TARGET_TOKENS, "int32", lambda n, t, c: (c,), _SCORING,
+                   source="PROMPT_TARGET_TOKEN"),
 )
+# fmt: on
 GENERATION_GROUPS = (BufferGroup.RECORDS, BufferGroup.NATURAL, BufferGroup.SELECTED_IDS)
 _BY_NAME = {buffer.name: buffer for buffer in CONTRACT_BUFFERS}
 

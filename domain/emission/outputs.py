@@ -9,14 +9,6 @@ from domain.logprobs.values import PositionLogprobs
 
 
 @dataclass(frozen=True, slots=True)
-class LogprobEntry:
-    """The logprobs of one emitted token, with the character offset of its text in the choice."""
-
-    position: PositionLogprobs
-    text_offset: int
-
-
-@dataclass(frozen=True, slots=True)
 class ChoiceDelta:
     """New text and tokens of one choice; `finish_reason` is set on its last delta only.
 
@@ -97,3 +89,11 @@ class RequestEnd:
     usage: Usage
     error: str | None = None
     error_param: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LogprobEntry:
+    """The logprobs of one emitted token, with the character offset of its text in the choice."""
+
+    position: PositionLogprobs
+    text_offset: int

@@ -40,6 +40,8 @@ def sort_key(logprob: float, token_id: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class TokenLogprob:
+    """One token and its logprob, the FP32 value the device wrote, widened to a float."""
+
     token_id: int
     logprob: float
 

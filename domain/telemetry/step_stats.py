@@ -18,14 +18,6 @@ class SchedulerState:
 
 
 @dataclass(frozen=True, slots=True)
-class FinishedChoice:
-    """A choice that ended: one of FINISH_REASONS, and seconds from its request's arrival."""
-
-    reason: str
-    e2e_seconds: float
-
-
-@dataclass(frozen=True, slots=True)
 class StepStats:
     """Everything one engine step (or several quiet ones) changed, in one value per step.
 
@@ -41,13 +33,21 @@ class StepStats:
     queue_times: tuple[float, ...] = ()
     first_token_times: tuple[float, ...] = ()
     inter_token_times: tuple[float, ...] = ()
-    finished: tuple[FinishedChoice, ...] = ()
     logprob_positions: int = 0
     logprob_payload_bytes: int = 0
     prompt_rows_scored: int = 0
+    finished: tuple[FinishedChoice, ...] = ()
     # Speculation: rounds that offered drafts, drafts offered and accepted, and per draft
     # position i the rounds whose first i + 1 drafts stood.
     spec_drafts: int = 0
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
     spec_accepted_per_position: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedChoice:
+    """A choice that ended: one of FINISH_REASONS, and seconds from its request's arrival."""
+
+    reason: str
+    e2e_seconds: float

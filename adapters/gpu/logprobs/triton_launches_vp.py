@@ -17,7 +17,7 @@ from adapters.gpu.logprobs.triton_reducer import (
     launch_device,
     tile_candidates_kernel,
     tile_stats_kernel,
-    tl_record,
+    tl_open_record,
     tl_row_log_normalizer,
     tl_selected_count,
 )
@@ -136,17 +136,16 @@ def _final_merge_kernel(
     WORDS: tl.constexpr, VALUE_WORD: tl.constexpr, CHOSEN_WORD: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
+    row_words = gathered + row.to(tl.int64) * WORDS
     if gate_row(row, slots, requested, counts, HAS_IDS, False):
-        slot, target = tl_record(row, slots, positions, out, out_tokens, out_words)
-        row_words = gathered + row.to(tl.int64) * WORDS
-        shift = tl.load(lse + row)
+        slot, target, token, shift = tl_open_record(
+            row, slots, positions, chosen, lse, out, out_tokens, out_words
+        )
         one = tl.arange(0, 1)
-        token = tl.load(chosen + row + one).to(tl.int64)
         chosen_bits = _gathered_bits(
             row_words, peer_words, stops, world, token, CHOSEN_WORD, one == 0, vocab, shift,
             WORLD_BLOCK,
         )  # fmt: skip
-        tl.store(target + one, token.to(tl.int32))
         tl.store(target + 1 + one, chosen_bits)
         count = tl_selected_count(counts, slot, HAS_IDS, SELECTED)
         if count > 0:

@@ -63,12 +63,8 @@ def tl_fp32_exp(x):
     finite = tl.minimum(tl.maximum(finite, _EXP_LOW), _EXP_HIGH)
     n = tl.floor(finite * _LOG2E + 0.5)
     r = (finite - n * _LN2_HIGH) - n * _LN2_LOW
-    poly = tl.zeros_like(r) + _E0
-    poly = poly * r + _E1
-    poly = poly * r + _E2
-    poly = poly * r + _E3
-    poly = poly * r + _E4
-    poly = poly * r + _E5
+    # Horner's rule, one multiply and one add a coefficient, as the reference steps.
+    poly = (((((tl.zeros_like(r) + _E0) * r + _E1) * r + _E2) * r + _E3) * r + _E4) * r + _E5
     poly = (poly * (r * r) + r) + 1.0
     scale = ((n.to(tl.int32) + 127) * (1 << 23)).to(tl.float32, bitcast=True)
     result = poly * scale
@@ -89,15 +85,8 @@ def tl_fp32_log(s):
     exponent = (exponent - small.to(tl.int32)).to(tl.float32)
     f = tl.where(small, (mantissa + mantissa) - 1.0, mantissa - 1.0)
     z = f * f
-    poly = tl.zeros_like(f) + _L0
-    poly = poly * f + _L1
-    poly = poly * f + _L2
-    poly = poly * f + _L3
-    poly = poly * f + _L4
-    poly = poly * f + _L5
-    poly = poly * f + _L6
-    poly = poly * f + _L7
-    poly = poly * f + _L8
+    poly = ((((tl.zeros_like(f) + _L0) * f + _L1) * f + _L2) * f + _L3) * f + _L4
+    poly = (((poly * f + _L5) * f + _L6) * f + _L7) * f + _L8
     y = (poly * f) * z
     y = y + exponent * _LN2_LOW
     y = y + z * -0.5
@@ -204,11 +193,19 @@ def tile_candidates_kernel(
 
 
 @triton.jit
-def tl_record(row, slots, positions, out, out_tokens, out_words):
-    """The row's slot and the first word of its packed record out[slot, position]."""
+def tl_open_record(row, slots, positions, chosen, lse, out, out_tokens, out_words):
+    """Starts the row's packed record out[slot, position] with its chosen token's ID.
+
+    Returns the slot, the record's first word, the chosen token (a one-lane vector) and the
+    row's normalizer, which every reported value is shifted by.
+    """
     slot = tl.load(slots + row).to(tl.int64)
     position = tl.load(positions + row).to(tl.int64)
-    return slot, out + (slot * out_tokens + position) * out_words
+    target = out + (slot * out_tokens + position) * out_words
+    one = tl.arange(0, 1)
+    token = tl.load(chosen + row + one).to(tl.int64)
+    tl.store(target + one, token.to(tl.int32))
+    return slot, target, token, tl.load(lse + row)
 
 
 @triton.jit
@@ -239,12 +236,11 @@ def _merge_kernel(
 ):  # fmt: skip
     row = tl.program_id(0)
     if gate_row(row, slots, requested, counts, HAS_IDS, False):
-        slot, target = tl_record(row, slots, positions, out, out_tokens, out_words)
+        slot, target, token, shift = tl_open_record(
+            row, slots, positions, chosen, lse, out, out_tokens, out_words
+        )
         logits_row = logits + row.to(tl.int64) * row_stride
-        shift = tl.load(lse + row)
         one = tl.arange(0, 1)
-        token = tl.load(chosen + row + one).to(tl.int64)
-        tl.store(target + one, token.to(tl.int32))
         tl.store(target + 1 + one, _reported_bits(logits_row, token, one == 0, vocab, shift))
         count = tl_selected_count(counts, slot, HAS_IDS, SELECTED)
         if count > 0:

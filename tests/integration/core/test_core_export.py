@@ -10,7 +10,7 @@ import pytest
 
 from adapters.cli.main import main
 from adapters.core import core_pb2
-from adapters.core.export import describe_plain_model, export_core, resolve_core
+from adapters.core.export import CoreSizes, describe_plain_model, export_core, resolve_core
 from adapters.core.manifest import (
     MANIFEST_FILE,
     MANIFEST_TEXT_FILE,
@@ -204,7 +204,7 @@ def test_a_manifest_with_a_k_its_level_cannot_have_is_refused_by_the_capability_
 
 def test_plain_model_is_described_as_a_full_core_without_writing(model_dir: Path) -> None:
     before = sorted(os.listdir(model_dir))
-    core = describe_plain_model(model_dir, max_num_seqs=12)
+    core = describe_plain_model(model_dir, sizes=CoreSizes(max_num_seqs=12))
     assert core.capability == FULL_LOGPROBS
     assert (core.model_dir, core.capacity, core.token_capacity) == (model_dir, 16, 8)
     assert core.manifest.model.architecture == "LlamaForCausalLM"
@@ -217,5 +217,5 @@ def test_serving_resolves_cores_as_declared_and_plain_models_as_full(
     export_core(str(model_dir), tmp_path / "natural", logprobs="natural", top_k=2)
     assert resolve_core(str(tmp_path / "natural")).capability.top_k == 2
     assert resolve_core(str(full_core)).capability == FULL_LOGPROBS
-    plain = resolve_core(str(model_dir), max_num_seqs=20)
+    plain = resolve_core(str(model_dir), sizes=CoreSizes(max_num_seqs=20))
     assert (plain.capability, plain.capacity) == (FULL_LOGPROBS, 24)

@@ -13,7 +13,7 @@ from adapters.cli import bootstrap
 from adapters.cli.main import main
 from adapters.cli.runner_args import add_runner_arguments, engine_config, runner_settings
 from adapters.core import core_pb2
-from adapters.core.export import describe_plain_model, export_core, resolve_core
+from adapters.core.export import CoreSizes, describe_plain_model, export_core, resolve_core
 from adapters.core.manifest import (
     MANIFEST_TEXT_FILE,
     build_manifest,
@@ -239,7 +239,7 @@ def test_export_refuses_scoring_it_cannot_declare_and_leaves_nothing(
 @pytest.mark.model
 def test_core_missing_a_scored_graph_fails_loading(scoring_core: Path, tmp_path: Path) -> None:
     tampered = tmp_path / "tampered"
-    export_core(str(scoring_core), tampered, prompt_chunk_limit=512)
+    export_core(str(scoring_core), tampered, sizes=CoreSizes(prompt_chunk_limit=512))
     manifest = read_manifest(tampered)
     kept = [graph for graph in manifest.graphs if graph.name != "scored_prefill_128"]
     del manifest.graphs[:]
@@ -252,16 +252,16 @@ def test_core_missing_a_scored_graph_fails_loading(scoring_core: Path, tmp_path:
 @pytest.mark.model
 def test_plain_model_is_described_with_scoring_only_when_asked(model_dir: Path) -> None:
     assert describe_plain_model(model_dir).capability == FULL_LOGPROBS
-    scoring = describe_plain_model(model_dir, prompt_chunk_limit=2048)
+    scoring = describe_plain_model(model_dir, sizes=CoreSizes(prompt_chunk_limit=2048))
     assert scoring.capability.scored_capacities == (128, 512, 2048)
     assert scoring.capability.selects_ids
 
 
 @pytest.mark.model
 def test_serving_a_plain_model_with_a_chunk_limit_scores_at_its_ladder(model_dir: Path) -> None:
-    assert resolve_core(str(model_dir), prompt_chunk_limit=100).capability.scored_capacities == (
-        100,
-    )
+    assert resolve_core(
+        str(model_dir), sizes=CoreSizes(prompt_chunk_limit=100)
+    ).capability.scored_capacities == (100,)
     assert not resolve_core(str(model_dir)).capability.scores_prompts
 
 
@@ -269,13 +269,13 @@ def test_serving_a_plain_model_with_a_chunk_limit_scores_at_its_ladder(model_dir
 def test_asking_a_core_without_scoring_for_it_says_to_export_again(plain_core: Path) -> None:
     assert resolve_core(str(plain_core)).capability == FULL_LOGPROBS
     with pytest.raises(ValueError, match="export it again with --prompt-logprobs"):
-        resolve_core(str(plain_core), prompt_chunk_limit=512)
+        resolve_core(str(plain_core), sizes=CoreSizes(prompt_chunk_limit=512))
 
 
 @pytest.mark.model
 @pytest.mark.parametrize("limit", [0, 512, 2048])
 def test_a_core_that_declares_scoring_serves_it_as_declared(scoring_core: Path, limit: int) -> None:
-    core = resolve_core(str(scoring_core), prompt_chunk_limit=limit)
+    core = resolve_core(str(scoring_core), sizes=CoreSizes(prompt_chunk_limit=limit))
     assert core.capability.scored_capacities == (128, 512)
 
 
@@ -299,14 +299,14 @@ class _Resolved(Exception):
 def test_loading_asks_for_scoring_at_the_engine_chunk_limit_only_under_the_flag(
     monkeypatch: pytest.MonkeyPatch, flag: tuple[str, ...], expected: int
 ) -> None:
-    seen: dict[str, object] = {}
+    seen: list[CoreSizes] = []
 
-    def resolve(model: str | None, **options: object) -> None:
-        seen.update(options)
+    def resolve(model: str | None, sizes: CoreSizes) -> None:
+        seen.append(sizes)
         raise _Resolved
 
     monkeypatch.setattr(bootstrap, "resolve_core", resolve)
     args = _runner_args("--max-num-batched-tokens", "1000", *flag)
     with pytest.raises(_Resolved):
         bootstrap.load("some-model", runner_settings(args), engine_config(args))
-    assert seen["prompt_chunk_limit"] == expected
+    assert [sizes.prompt_chunk_limit for sizes in seen] == [expected]

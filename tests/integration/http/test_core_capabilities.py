@@ -9,7 +9,7 @@ from falcon import testing
 
 from adapters.cli.asgi import load_served_model
 from adapters.cli.serve_config import ServeConfig
-from adapters.core.export import export_core
+from adapters.core.export import CoreSizes, export_core
 from adapters.gpu.factory import RunnerSettings
 from adapters.http.app import create_app
 from adapters.http.serving import ModelHolder
@@ -32,7 +32,9 @@ def serve_core(core_dir) -> Iterator[testing.TestClient]:
 @pytest.fixture(scope="module")
 def no_logprobs(http_model_dir, tmp_path_factory):
     core = tmp_path_factory.mktemp("cores") / "none"
-    export_core(str(http_model_dir), core, logprobs="none", max_num_seqs=8, progress=False)
+    export_core(
+        str(http_model_dir), core, logprobs="none", progress=False, sizes=CoreSizes(max_num_seqs=8)
+    )
     yield from serve_core(core)
 
 
@@ -40,7 +42,12 @@ def no_logprobs(http_model_dir, tmp_path_factory):
 def natural(http_model_dir, tmp_path_factory):
     core = tmp_path_factory.mktemp("cores") / "natural"
     export_core(
-        str(http_model_dir), core, logprobs="natural", top_k=5, max_num_seqs=8, progress=False
+        str(http_model_dir),
+        core,
+        logprobs="natural",
+        top_k=5,
+        progress=False,
+        sizes=CoreSizes(max_num_seqs=8),
     )
     yield from serve_core(core)
 
@@ -108,14 +115,19 @@ def test_a_natural_core_refuses_more_than_k_and_any_selected_ids(natural):
 @pytest.fixture(scope="module")
 def scoring_core(http_model_dir, tmp_path_factory):
     core = tmp_path_factory.mktemp("cores") / "scoring"
-    export_core(str(http_model_dir), core, max_num_seqs=8, prompt_chunk_limit=64, progress=False)
+    export_core(
+        str(http_model_dir),
+        core,
+        progress=False,
+        sizes=CoreSizes(max_num_seqs=8, prompt_chunk_limit=64),
+    )
     yield from serve_core(core)
 
 
 @pytest.fixture(scope="module")
 def full_without_scoring(http_model_dir, tmp_path_factory):
     core = tmp_path_factory.mktemp("cores") / "full"
-    export_core(str(http_model_dir), core, max_num_seqs=8, progress=False)
+    export_core(str(http_model_dir), core, progress=False, sizes=CoreSizes(max_num_seqs=8))
     yield from serve_core(core)
 
 
