@@ -215,6 +215,11 @@ def test_resolve_model_dir_rejects_what_is_not_a_model(tmp_path: Path) -> None:
         resolve_model_dir(str(tmp_path / "notes.txt"))
 
 
+class _Interrupted(BaseException):
+    """Stands for Ctrl-C: a BaseException, as KeyboardInterrupt is. A real KeyboardInterrupt
+    would also reach pytest's own handling (under xdist it ended a worker's session quietly)."""
+
+
 @pytest.mark.slow
 def test_an_interrupted_export_leaves_no_directory_behind(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -225,11 +230,11 @@ def test_an_interrupted_export_leaves_no_directory_behind(
     def failing(tensor: Any, shape: Any) -> np.ndarray:
         calls.append(tensor.name)
         if len(calls) == 5:
-            raise KeyboardInterrupt
+            raise _Interrupted
         return real(tensor, shape)
 
     monkeypatch.setattr(gguf_export, "_dequantize", failing)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(_Interrupted):
         export_gguf(default_gguf_path(), tmp_path / "model", progress=False)
     assert list(tmp_path.iterdir()) == []
 
