@@ -135,7 +135,9 @@ class HostServer:
 
 
 @contextmanager
-def host_server(step_ms: float, max_num_seqs: int) -> Iterator[HostServer]:
+def host_server(
+    step_ms: float, max_num_seqs: int, torch_threads: int | None = None
+) -> Iterator[HostServer]:
     """`bench/host_server.py` on a free port, stopped when the block ends."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -151,6 +153,7 @@ def host_server(step_ms: float, max_num_seqs: int) -> Iterator[HostServer]:
             str(step_ms),
             "--max-num-seqs",
             str(max_num_seqs),
+            *(["--torch-threads", str(torch_threads)] if torch_threads else []),
         ]
         with log_path.open("wb") as log:
             process = subprocess.Popen(
@@ -311,15 +314,16 @@ def measured(cell: Cell, seen: Arrivals, before: Snapshot, after: Snapshot) -> C
         new["lanes"] - old["lanes"],
         after.server_cpu_s - before.server_cpu_s,
         after.client_cpu_s - before.client_cpu_s,
-        new["host_s"] - old["host_s"],
+        new["submit_s"] + new["read_s"] - old["submit_s"] - old["read_s"],
         new["wide_steps"] - old["wide_steps"],
-        new["wide_host_s"] - old["wide_host_s"],
+        new["wide_s"] - old["wide_s"],
         seen.requests,
     )
 
 
 def start_profile(server: HostServer, seconds: float, output: Path) -> subprocess.Popen | None:
-    """py-spy records the worker (all threads, non-idle samples) for the window, if present."""
+    """py-spy records the worker for the window, if present: only the thread holding the GIL,
+    since the worker's Python threads share it and its time is the host's budget."""
     spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
     if spy is None:
         print("--profile: py-spy is not installed; no profile", file=sys.stderr)
@@ -334,6 +338,7 @@ def start_profile(server: HostServer, seconds: float, output: Path) -> subproces
         "--rate",
         "250",
         "--nonblocking",
+        "--gil",
         "--threads",
         "--format",
         "raw",
@@ -365,7 +370,12 @@ def profile_summary(collapsed: Path, top: int = 25) -> str:
             own[names[-1]] += count
     if not total:
         return "the profile holds no samples"
-    lines = [f"{total} samples (non-idle, all threads)", "", "| thread | share |", "|---|---|"]
+    lines = [
+        f"{total} samples of the thread holding the GIL",
+        "",
+        "| thread | share |",
+        "|---|---|",
+    ]
     lines += [f"| {name} | {100 * n / total:.1f}% |" for name, n in threads.most_common()]
     lines += ["", "| function | inclusive | self |", "|---|---|---|"]
     for name, n in inclusive.most_common(top):
@@ -391,17 +401,18 @@ def _ms(values: list[float], fraction: float | None = None) -> str:
 def table(results: list[CellResult], step_ms: float) -> str:
     ideal = f"{1000 / step_ms:.0f}" if step_ms else "-"
     lines = [
-        "| mode | clients | logprobs | tok/s | steps/s | ideal steps/s | lanes/step "
-        "| ITL mean ms | ITL p50 ms | ITL p99 ms | server CPU s/1k tok | client CPU s/1k tok "
-        "| executor host ms/step | same, steps >= 56 lanes |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| mode | clients | logprobs | tok/s | client tok/s | steps/s | ideal steps/s "
+        "| lanes/step | ITL mean ms | ITL p50 ms | ITL p99 ms | server CPU s/1k tok "
+        "| client CPU s/1k tok | executor CPU ms/step | same, steps >= 56 lanes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         per_k = 1000 / r.tokens if r.tokens else float("nan")
         wide = f"{1000 * r.wide_host_s / r.wide_steps:.2f}" if r.wide_steps else "-"
         lines.append(
             f"| {r.cell.mode} | {r.cell.clients} | {r.cell.variant} | {r.tokens_per_s:,.0f} "
-            f"| {r.steps_per_s:.0f} | {ideal} | {r.lanes / max(r.steps, 1):.1f} "
+            f"| {r.delivered / r.seconds:,.0f} | {r.steps_per_s:.0f} | {ideal} "
+            f"| {r.lanes / max(r.steps, 1):.1f} "
             f"| {_ms(r.gaps_ms)} | {_ms(r.gaps_ms, 0.5)} | {_ms(r.gaps_ms, 0.99)} "
             f"| {r.server_cpu_s * per_k:.3f} | {r.client_cpu_s * per_k:.3f} "
             f"| {1000 * r.executor_host_s / max(r.steps, 1):.2f} | {wide} |"
@@ -470,7 +481,10 @@ async def bench_step(server: HostServer, step_ms: float, args: argparse.Namespac
 
 def micro(args: argparse.Namespace) -> None:
     """The executor's bookkeeping per step in this process: submit and read of one step of
-    `--micro-lanes` decode lanes, median over `--micro-steps` steps, per variant."""
+    `--micro-lanes` decode lanes, over `--micro-steps` steps after 20 warm-up steps, per
+    variant: this thread's CPU time (what the step costs the host) and the wall time (which a
+    busy machine stretches)."""
+    import torch
     from host_server import HostSettings, simulated_executor
 
     from adapters.core.export import CoreSizes, resolve_core
@@ -480,43 +494,46 @@ def micro(args: argparse.Namespace) -> None:
     from domain.requests.choice_sampling import LaneSampling
     from domain.requests.sampling import SamplingParams
 
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     lanes = args.micro_lanes
     core = resolve_core(None, CoreSizes(max(lanes, 64)))
     tokenizer = HfTokenizer.from_dir(core.model_dir)
     executor = simulated_executor(HostSettings(max_num_seqs=max(lanes, 64)), core, tokenizer)
     params = SamplingParams(max_tokens=None, temperature=0.0)
+    tally = executor.tally
     print(
-        f"executor bookkeeping, {lanes} decode lanes a step, median of {args.micro_steps} "
-        "steps after 20 warm-up steps\n"
+        f"executor bookkeeping, {lanes} decode lanes a step, {args.micro_steps} steps after "
+        "20 warm-up steps, in-process\n"
     )
-    print("| logprobs | submit ms | read ms | step ms | us per lane |")
-    print("|---|---|---|---|---|")
+    print(
+        "| logprobs | submit CPU ms | read CPU ms | CPU ms/step | CPU us/lane "
+        "| wall ms/step (median) |"
+    )
+    print("|---|---|---|---|---|---|")
     for variant in args.variants:
         top = VARIANTS[variant]
         options = None if top is None else LogprobOptions(top_k=top)
         sampling = LaneSampling(params, seed=0, remaining=1 << 20, logprobs=options)
-        submits, reads = [], []
+        walls = []
         for step in range(20 + args.micro_steps):
-            position = 100 + step
+            if step == 20:
+                submit_s, read_s = tally.submit_s, tally.read_s
             plan = StepPlan(
                 tuple(
-                    SlotWork(slot, 0, (7,), position, (slot,), 10, True, sampling)
+                    SlotWork(slot, 0, (7,), 100 + step, (slot,), 10, True, sampling)
                     for slot in range(lanes)
                 )
             )
             entered = time.perf_counter()
-            frame = executor.submit(plan)
-            submitted = time.perf_counter()
-            executor.read(frame)
-            if step >= 20:
-                submits.append(submitted - entered)
-                reads.append(time.perf_counter() - submitted)
-        submit_ms = 1000 * statistics.median(submits)
-        read_ms = 1000 * statistics.median(reads)
-        total = submit_ms + read_ms
+            executor.read(executor.submit(plan))
+            walls.append(time.perf_counter() - entered)
+        submit_ms = 1000 * (tally.submit_s - submit_s) / args.micro_steps
+        read_ms = 1000 * (tally.read_s - read_s) / args.micro_steps
+        step_ms = submit_ms + read_ms
         print(
-            f"| {variant} | {submit_ms:.2f} | {read_ms:.2f} | {total:.2f} "
-            f"| {1000 * total / lanes:.0f} |"
+            f"| {variant} | {submit_ms:.2f} | {read_ms:.2f} | {step_ms:.2f} "
+            f"| {1000 * step_ms / lanes:.0f} | {1000 * statistics.median(walls[20:]):.2f} |"
         )
 
 
@@ -540,7 +557,7 @@ def _profile(text: str) -> tuple[int, str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="measured window per cell")
-    parser.add_argument("--warmup", type=float, default=2.0, help="seconds before each window")
+    parser.add_argument("--warmup", type=float, default=3.0, help="seconds before each window")
     parser.add_argument("--clients", type=_levels, default=[1, 8, 32, 64])
     parser.add_argument(
         "--step-ms",
@@ -558,6 +575,12 @@ def main() -> int:
         default=None,
         help="N:VARIANT, e.g. 64:20: py-spy the worker during that streamed cell",
     )
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads in the server (and --micro); default: torch's own",
+    )
     parser.add_argument("--micro", action="store_true", help="time the executor in-process")
     parser.add_argument("--micro-lanes", type=int, default=60)
     parser.add_argument("--micro-steps", type=int, default=200)
@@ -567,12 +590,13 @@ def main() -> int:
         return 0
     print(
         f"bench/host.py: {args.endpoint} endpoint, {args.max_tokens} tokens a request, "
-        f"{args.seconds:g} s window after {args.warmup:g} s warm-up per cell; "
+        f"{args.seconds:g} s window after {args.warmup:g} s warm-up per cell; torch threads "
+        f"in the server: {args.torch_threads or 'default'}; "
         f"{platform.machine()}, {os.cpu_count()} CPUs, load average "
         f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} at start"
     )
     for step_ms in args.step_ms:
-        with host_server(step_ms, max(args.clients)) as server:
+        with host_server(step_ms, max(args.clients), args.torch_threads) as server:
             asyncio.run(bench_step(server, step_ms, args))
     return 0
 

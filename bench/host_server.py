@@ -16,6 +16,7 @@ from pathlib import Path
 
 import falcon
 import falcon.asgi
+import torch
 from gunicorn.app.base import BaseApplication
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -47,6 +48,8 @@ class HostSettings:
     max_num_seqs: int = 64
     max_model_len: int = 2048
     max_num_batched_tokens: int = 512
+    # torch's intra-op threads in the worker; None keeps torch's default, as `helios serve` does.
+    torch_threads: int | None = None
 
 
 def simulated_executor(
@@ -75,6 +78,8 @@ def load_simulated_model(
     `executors` for the stats route)."""
     core = resolve_core(None, CoreSizes(settings.max_num_seqs))
     tokenizer = HfTokenizer.from_dir(core.model_dir)
+    if settings.torch_threads is not None:
+        torch.set_num_threads(settings.torch_threads)
     executor = simulated_executor(settings, core, tokenizer)
     executors.append(executor)
     engine = Engine(
@@ -144,9 +149,14 @@ def main() -> int:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--max-num-batched-tokens", type=int, default=512)
+    parser.add_argument("--torch-threads", type=int, default=None)
     args = parser.parse_args()
     settings = HostSettings(
-        args.step_ms, args.max_num_seqs, args.max_model_len, args.max_num_batched_tokens
+        args.step_ms,
+        args.max_num_seqs,
+        args.max_model_len,
+        args.max_num_batched_tokens,
+        args.torch_threads,
     )
     _Gunicorn(
         {

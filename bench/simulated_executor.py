@@ -43,12 +43,12 @@ _NAN = float_to_bits(float("nan"))
 
 @dataclass
 class BookkeepingTally:
-    """What the executor's host side spent: steps, their lanes and tokens, and seconds.
+    """What the executor's host side spent: steps, their sampling lanes, emitted tokens,
+    positions that asked for logprobs, and the CPU seconds of `submit` and `read`.
 
-    `host_s` is the CPU time of the calling thread in `submit` and `read` (so neither the
-    simulated device wait nor waiting for the GIL counts). The `wide_`
-    fields count only steps of at least `wide_lanes` sampling lanes, where the issue quotes the
-    per-step bookkeeping cost.
+    Seconds are the calling thread's CPU time, so neither the simulated device wait nor
+    waiting for the GIL counts. The `wide_` fields count only steps of at least `wide_lanes`
+    sampling lanes, where the issue quotes the per-step bookkeeping cost.
     """
 
     wide_lanes: int = 56
@@ -56,42 +56,30 @@ class BookkeepingTally:
     lanes: int = 0
     tokens: int = 0
     requesting: int = 0
-    host_s: float = 0.0
+    submit_s: float = 0.0
+    read_s: float = 0.0
     wide_steps: int = 0
-    wide_requesting: int = 0
-    wide_host_s: float = 0.0
-    _pending: dict[int, tuple[int, int, float]] = field(default_factory=dict, repr=False)
+    wide_s: float = 0.0
+    _pending: dict[int, tuple[int, float]] = field(default_factory=dict, repr=False)
 
-    def submitted(
-        self, frame: int, lanes: int, tokens: int, requesting: int, host_s: float
-    ) -> None:
-        self._pending[frame] = (lanes, requesting, host_s)
+    def submitted(self, frame: int, lanes: int, tokens: int, requesting: int, cpu_s: float) -> None:
+        self._pending[frame] = (lanes, cpu_s)
         self.steps += 1
         self.lanes += lanes
         self.tokens += tokens
         self.requesting += requesting
-        self.host_s += host_s
+        self.submit_s += cpu_s
 
-    def read(self, frame: int, host_s: float) -> None:
-        lanes, requesting, submit_s = self._pending.pop(frame, (0, 0, 0.0))
-        self.host_s += host_s
+    def read(self, frame: int, cpu_s: float) -> None:
+        lanes, submit_s = self._pending.pop(frame, (0, 0.0))
+        self.read_s += cpu_s
         if lanes >= self.wide_lanes:
             self.wide_steps += 1
-            self.wide_requesting += requesting
-            self.wide_host_s += submit_s + host_s
+            self.wide_s += submit_s + cpu_s
 
     def snapshot(self) -> dict[str, float]:
-        return {
-            "wide_lanes": self.wide_lanes,
-            "steps": self.steps,
-            "lanes": self.lanes,
-            "tokens": self.tokens,
-            "requesting": self.requesting,
-            "host_s": self.host_s,
-            "wide_steps": self.wide_steps,
-            "wide_requesting": self.wide_requesting,
-            "wide_host_s": self.wide_host_s,
-        }
+        """The counters as plain numbers (JSON for the bench server's stats route)."""
+        return {name: value for name, value in vars(self).items() if name != "_pending"}
 
 
 class SimulatedExecutor:
@@ -159,8 +147,8 @@ class SimulatedExecutor:
         if requesting:
             self._write_logprobs(frame, requesting)
         tokens = sum(len(record.tokens) for record in records)
-        host_s = self._cpu_clock() - cpu
-        self.tally.submitted(frame, len(emitting), tokens, len(requesting), host_s)
+        cpu_s = self._cpu_clock() - cpu
+        self.tally.submitted(frame, len(emitting), tokens, len(requesting), cpu_s)
         return frame
 
     def read(self, frame: int) -> FrameResult:
