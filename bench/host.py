@@ -68,11 +68,13 @@ class Cell:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Counters read at one instant: server and client CPU seconds, the executor's tally."""
+    """Counters read at one instant: server, client and whole-machine busy CPU seconds, the
+    executor's tally."""
 
     at: float
     server_cpu_s: float
     client_cpu_s: float
+    machine_cpu_s: float
     executor: dict
 
 
@@ -84,6 +86,7 @@ class Arrivals:
     tokens: list[tuple[float, int]] = field(default_factory=list)
     gaps: list[tuple[float, float]] = field(default_factory=list)
     requests: int = 0
+    resent: int = 0
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,8 @@ class CellResult:
     wide_steps: int
     wide_host_s: float
     requests: int
+    resent: int
+    others_cores: float  # CPU the rest of the machine used meanwhile, in cores
 
     @property
     def tokens_per_s(self) -> float:
@@ -129,9 +134,11 @@ class HostServer:
     async def snapshot(self, session: aiohttp.ClientSession) -> Snapshot:
         at = time.perf_counter()
         server_cpu_s, client_cpu_s = self.cpu_seconds(), time.process_time()
+        machine = psutil.cpu_times()
+        busy_s = machine.user + machine.nice + machine.system + machine.irq + machine.softirq
         async with session.get(f"{self.url}/bench/executor") as response:
             executor = await response.json()
-        return Snapshot(at, server_cpu_s, client_cpu_s, executor)
+        return Snapshot(at, server_cpu_s, client_cpu_s, busy_s, executor)
 
 
 @contextmanager
@@ -162,6 +169,10 @@ def host_server(
         try:
             wait_until_healthy(url, process, log_path)
             yield HostServer(url, process)
+        except BaseException:
+            tail = log_path.read_text(errors="replace").splitlines()[-40:]
+            print("the server's log ends:", *tail, sep="\n", file=sys.stderr)
+            raise
         finally:
             process.terminate()
             try:
@@ -279,7 +290,13 @@ async def run_cell(
                 cell.variant,
                 cell.stream,
             )
-            await one(session, url, body, args.endpoint, seen)
+            try:
+                await one(session, url, body, args.endpoint, seen)
+            except aiohttp.ServerDisconnectedError:
+                # A kept-alive connection the server closed as this request went out: the
+                # request never started, so it is sent again (counted; a dead server fails).
+                seen.resent += 1
+                await one(session, url, body, args.endpoint, seen)
             sent += 1
 
     async def snapshot_at(moment: float) -> Snapshot:
@@ -318,6 +335,14 @@ def measured(cell: Cell, seen: Arrivals, before: Snapshot, after: Snapshot) -> C
         new["wide_steps"] - old["wide_steps"],
         new["wide_s"] - old["wide_s"],
         seen.requests,
+        seen.resent,
+        (
+            after.machine_cpu_s
+            - before.machine_cpu_s
+            - (after.server_cpu_s - before.server_cpu_s)
+            - (after.client_cpu_s - before.client_cpu_s)
+        )
+        / (after.at - before.at),
     )
 
 
@@ -353,6 +378,7 @@ def profile_summary(collapsed: Path, top: int = 25) -> str:
     each (inclusive) and in its own code (self), and each thread's share."""
     inclusive: collections.Counter[str] = collections.Counter()
     own: collections.Counter[str] = collections.Counter()
+    own_lines: collections.Counter[str] = collections.Counter()
     threads: collections.Counter[str] = collections.Counter()
     total = 0
     for line in collapsed.read_text().splitlines():
@@ -368,6 +394,7 @@ def profile_summary(collapsed: Path, top: int = 25) -> str:
             inclusive[name] += count
         if names:
             own[names[-1]] += count
+            own_lines[_line(frames[-1])] += count
     if not total:
         return "the profile holds no samples"
     lines = [
@@ -382,6 +409,8 @@ def profile_summary(collapsed: Path, top: int = 25) -> str:
         lines.append(f"| `{name}` | {100 * n / total:.1f}% | {100 * own[name] / total:.1f}% |")
     lines += ["", "| function (by self time) | self |", "|---|---|"]
     lines += [f"| `{name}` | {100 * n / total:.1f}% |" for name, n in own.most_common(top)]
+    lines += ["", "| line (by self time) | self |", "|---|---|"]
+    lines += [f"| `{at}` | {100 * n / total:.1f}% |" for at, n in own_lines.most_common(top)]
     return "\n".join(lines)
 
 
@@ -390,6 +419,12 @@ def _function(frame: str) -> str:
     name, _, where = frame.partition(" (")
     module = where.rsplit(":", 1)[0].rsplit("/", 2)
     return f"{name} ({'/'.join(module[-2:])})"
+
+
+def _line(frame: str) -> str:
+    """`name (path/to/module.py:line)` as `name (to/module.py:line)`."""
+    name, _, where = frame.partition(" (")
+    return f"{name} ({'/'.join(where.rstrip(')').rsplit('/', 2)[-2:])})"
 
 
 def _ms(values: list[float], fraction: float | None = None) -> str:
@@ -403,8 +438,9 @@ def table(results: list[CellResult], step_ms: float) -> str:
     lines = [
         "| mode | clients | logprobs | tok/s | client tok/s | steps/s | ideal steps/s "
         "| lanes/step | ITL mean ms | ITL p50 ms | ITL p99 ms | server CPU s/1k tok "
-        "| client CPU s/1k tok | executor CPU ms/step | same, steps >= 56 lanes |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| client CPU s/1k tok | executor CPU ms/step | same, steps >= 56 lanes "
+        "| other processes' CPU (cores) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         per_k = 1000 / r.tokens if r.tokens else float("nan")
@@ -415,7 +451,8 @@ def table(results: list[CellResult], step_ms: float) -> str:
             f"| {r.lanes / max(r.steps, 1):.1f} "
             f"| {_ms(r.gaps_ms)} | {_ms(r.gaps_ms, 0.5)} | {_ms(r.gaps_ms, 0.99)} "
             f"| {r.server_cpu_s * per_k:.3f} | {r.client_cpu_s * per_k:.3f} "
-            f"| {1000 * r.executor_host_s / max(r.steps, 1):.2f} | {wide} |"
+            f"| {1000 * r.executor_host_s / max(r.steps, 1):.2f} | {wide} "
+            f"| {r.others_cores:.2f} |"
         )
     return "\n".join(lines)
 
@@ -465,7 +502,9 @@ async def bench_step(server: HostServer, step_ms: float, args: argparse.Namespac
         print(
             f"step {step_ms} ms, {cell.mode}, N={cell.clients}, logprobs {cell.variant}: "
             f"{result.tokens_per_s:,.0f} tok/s ({result.delivered / result.seconds:,.0f} "
-            f"delivered), {result.steps_per_s:.0f} steps/s, {result.requests} requests",
+            f"delivered), {result.steps_per_s:.0f} steps/s, {result.requests} requests"
+            f"{f', {result.resent} resent' if result.resent else ''}, other processes "
+            f"{result.others_cores:.2f} cores",
             file=sys.stderr,
         )
         results.append(result)
