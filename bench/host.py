@@ -44,9 +44,8 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from prompts import QUESTIONS  # noqa: E402
-from serve import free_port, percentile, wait_until_healthy  # noqa: E402
+from serve import free_port, percentile, server_process  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 SERVER = Path(__file__).resolve().parent / "host_server.py"
 # The logprobs a variant asks for: None (off), or K alternatives (0: the chosen token only).
 VARIANTS: dict[str, int | None] = {"off": None, "0": 0, "20": 20}
@@ -162,24 +161,13 @@ def host_server(
             str(max_num_seqs),
             *(["--torch-threads", str(torch_threads)] if torch_threads else []),
         ]
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                command, cwd=REPO_ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT
-            )
         try:
-            wait_until_healthy(url, process, log_path)
-            yield HostServer(url, process)
+            with server_process(command, url, log_path, environment) as process:
+                yield HostServer(url, process)
         except BaseException:
             tail = log_path.read_text(errors="replace").splitlines()[-40:]
             print("the server's log ends:", *tail, sep="\n", file=sys.stderr)
             raise
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=30)
 
 
 def request(endpoint: str, index: int, max_tokens: int, variant: str, stream: bool) -> dict:
