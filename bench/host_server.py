@@ -75,7 +75,7 @@ def load_simulated_model(
     settings: HostSettings, metrics: PrometheusMetrics, executors: list[SimulatedExecutor]
 ) -> ServedModel:
     """What `adapters.cli.asgi.load_served_model` builds, with the simulated executor (kept in
-    `executors` for the stats route)."""
+    `executors` for the stats route) and no grammar compiler (constrained requests get a 400)."""
     core = resolve_core(None, CoreSizes(settings.max_num_seqs))
     tokenizer = HfTokenizer.from_dir(core.model_dir)
     if settings.torch_threads is not None:
