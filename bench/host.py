@@ -90,6 +90,8 @@ class Arrivals:
 
 @dataclass(frozen=True)
 class CellResult:
+    """One cell's window: its length, what the engine and the clients counted in it, CPU."""
+
     cell: Cell
     seconds: float
     tokens: int  # committed by the engine in the window
@@ -99,8 +101,8 @@ class CellResult:
     lanes: int
     server_cpu_s: float
     client_cpu_s: float
-    executor_host_s: float
-    wide_steps: int
+    executor_host_s: float  # the executor's CPU in submit and read
+    wide_steps: int  # steps of >= 56 sampling lanes, and their executor CPU
     wide_host_s: float
     requests: int
     resent: int
@@ -204,13 +206,26 @@ def frame_tokens(frame: dict, endpoint: str) -> int:
     return 1 if choice.get("text") else 0
 
 
+async def posted(
+    session: aiohttp.ClientSession, url: str, body: dict, seen: Arrivals
+) -> aiohttp.ClientResponse:
+    """The response to `body`, its headers read. A kept-alive connection that the server closed
+    as the request went out fails before any response: that request is sent once more
+    (counted in `seen.resent`; a server that is gone fails again)."""
+    try:
+        return await session.post(url, json=body)
+    except aiohttp.ServerDisconnectedError:
+        seen.resent += 1
+        return await session.post(url, json=body)
+
+
 async def stream_one(
     session: aiohttp.ClientSession, url: str, body: dict, endpoint: str, seen: Arrivals
 ) -> None:
     last = None
     counted = 0
     usage = None
-    async with session.post(url, json=body) as response:
+    async with await posted(session, url, body, seen) as response:
         if response.status != 200:
             raise RuntimeError(f"HTTP {response.status}: {await response.text()}")
         async for line in response.content:
@@ -242,7 +257,7 @@ async def stream_one(
 async def complete_one(
     session: aiohttp.ClientSession, url: str, body: dict, endpoint: str, seen: Arrivals
 ) -> None:
-    async with session.post(url, json=body) as response:
+    async with await posted(session, url, body, seen) as response:
         raw = await response.read()
         if response.status != 200:
             raise RuntimeError(f"HTTP {response.status}: {raw[:500]!r}")
@@ -278,13 +293,7 @@ async def run_cell(
                 cell.variant,
                 cell.stream,
             )
-            try:
-                await one(session, url, body, args.endpoint, seen)
-            except aiohttp.ServerDisconnectedError:
-                # A kept-alive connection the server closed as this request went out: the
-                # request never started, so it is sent again (counted; a dead server fails).
-                seen.resent += 1
-                await one(session, url, body, args.endpoint, seen)
+            await one(session, url, body, args.endpoint, seen)
             sent += 1
 
     async def snapshot_at(moment: float) -> Snapshot:
