@@ -121,20 +121,30 @@ def own_server(
             str(max_model_len),
             *extra_args,
         ]
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                command, cwd=REPO_ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT
-            )
-        try:
-            wait_until_healthy(url, process, log_path)
+        with server_process(command, url, log_path, environment):
             yield url
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=30)
+
+
+@contextmanager
+def server_process(
+    command: list[str], url: str, log_path: Path, environment: dict[str, str]
+) -> Iterator[subprocess.Popen]:
+    """Runs a server `command` from the repository root, its output in `log_path`, until `url`
+    answers /health; stops it when the block ends."""
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            command, cwd=REPO_ROOT, env=environment, stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+        wait_until_healthy(url, process, log_path)
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=30)
 
 
 def served_model(client: httpx2.Client, url: str) -> str:

@@ -1,0 +1,641 @@
+"""Host ceiling: the serving stack over a simulated executor, at 1 to 64 streaming clients.
+
+Run: `.venv/bin/python bench/host.py [--seconds S] [--clients 1,8,32,64] [--step-ms 0,7]
+[--variants off,0,20] [--non-stream-variants off,20] [--endpoint chat|completions]`.
+
+For each `--step-ms` it starts `bench/host_server.py` (gunicorn, the production HTTP/SSE stack,
+engine and emission, the real SmolLM2 tokenizer, `CompletionOutputs`; the simulated executor
+does no model work and waits `step-ms` per step for the device). At each concurrency N it runs
+N asyncio clients that send requests back to back (64 tokens each, EOS ignored) for each
+logprobs variant: `off`, `0` (the chosen token's logprob only) and `20` (top 20 alternatives);
+streamed, and unstreamed for `--non-stream-variants`. Each cell warms up, then measures a window
+of `--seconds`: output tokens/s, engine steps/s against the ideal 1000/step-ms, inter-token
+latency (gaps between content frames), server and client CPU seconds per 1k tokens, and the
+executor's host bookkeeping per step (all steps, and steps of >= 56 lanes). Prints one table per
+step and the ratios of the variants, which come from the same run.
+
+`--micro` instead times the executor's bookkeeping in this process (no HTTP, no engine): one
+step of `--micro-lanes` decode lanes, submit and read, per variant. `--profile N:VARIANT` records
+the server worker with py-spy (when installed) during that cell and prints its top costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import msgspec
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from prompts import QUESTIONS  # noqa: E402
+from serve import free_port, percentile, server_process  # noqa: E402
+
+SERVER = Path(__file__).resolve().parent / "host_server.py"
+# The logprobs a variant asks for: None (off), or K alternatives (0: the chosen token only).
+VARIANTS: dict[str, int | None] = {"off": None, "0": 0, "20": 20}
+_decode = msgspec.json.Decoder().decode
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One measurement: N clients, one logprobs variant, streamed or not."""
+
+    clients: int
+    variant: str
+    stream: bool
+
+    @property
+    def mode(self) -> str:
+        return "stream" if self.stream else "non-stream"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Counters read at one instant: server, client and whole-machine busy CPU seconds, the
+    executor's tally."""
+
+    at: float
+    server_cpu_s: float
+    client_cpu_s: float
+    machine_cpu_s: float
+    executor: dict
+
+
+@dataclass
+class Arrivals:
+    """What the clients saw: (time, tokens) per content frame or response, (time, gap) between
+    consecutive content frames of one stream, and how many requests completed."""
+
+    tokens: list[tuple[float, int]] = field(default_factory=list)
+    gaps: list[tuple[float, float]] = field(default_factory=list)
+    requests: int = 0
+    resent: int = 0
+
+
+@dataclass(frozen=True)
+class CellResult:
+    """One cell's window: its length, what the engine and the clients counted in it, CPU."""
+
+    cell: Cell
+    seconds: float
+    tokens: int  # committed by the engine in the window
+    delivered: int  # counted by the clients in the window (coalesced frames: at their end)
+    gaps_ms: list[float]
+    steps: int
+    lanes: int
+    server_cpu_s: float
+    client_cpu_s: float
+    executor_host_s: float  # the executor's CPU in submit and read
+    wide_steps: int  # steps of >= 56 sampling lanes, and their executor CPU
+    wide_host_s: float
+    requests: int
+    resent: int
+    others_cores: float  # CPU the rest of the machine used meanwhile, in cores
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.steps / self.seconds
+
+
+class HostServer:
+    """A running `bench/host_server.py`: its URL and its processes' CPU time."""
+
+    def __init__(self, url: str, process: subprocess.Popen) -> None:
+        self.url = url
+        self._master = psutil.Process(process.pid)
+
+    @property
+    def worker_pid(self) -> int:
+        return self._master.children()[0].pid
+
+    def cpu_seconds(self) -> float:
+        processes = [self._master, *self._master.children(recursive=True)]
+        return sum(p.cpu_times().user + p.cpu_times().system for p in processes)
+
+    async def snapshot(self, session: aiohttp.ClientSession) -> Snapshot:
+        at = time.perf_counter()
+        server_cpu_s, client_cpu_s = self.cpu_seconds(), time.process_time()
+        machine = psutil.cpu_times()
+        busy_s = machine.user + machine.nice + machine.system + machine.irq + machine.softirq
+        async with session.get(f"{self.url}/bench/executor") as response:
+            executor = await response.json()
+        return Snapshot(at, server_cpu_s, client_cpu_s, busy_s, executor)
+
+
+@contextmanager
+def host_server(
+    step_ms: float, max_num_seqs: int, torch_threads: int | None = None
+) -> Iterator[HostServer]:
+    """`bench/host_server.py` on a free port, stopped when the block ends."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory(prefix="helios-host-bench-") as workdir:
+        log_path = Path(workdir) / "server.log"
+        environment = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+        command = [
+            sys.executable,
+            str(SERVER),
+            "--port",
+            str(port),
+            "--step-ms",
+            str(step_ms),
+            "--max-num-seqs",
+            str(max_num_seqs),
+            *(["--torch-threads", str(torch_threads)] if torch_threads else []),
+        ]
+        try:
+            with server_process(command, url, log_path, environment) as process:
+                yield HostServer(url, process)
+        except BaseException:
+            tail = log_path.read_text(errors="replace").splitlines()[-40:]
+            print("the server's log ends:", *tail, sep="\n", file=sys.stderr)
+            raise
+
+
+def request(endpoint: str, index: int, max_tokens: int, variant: str, stream: bool) -> dict:
+    """The body of one request: greedy, EOS ignored, exactly `max_tokens` tokens."""
+    question = QUESTIONS[index % len(QUESTIONS)]
+    body: dict = {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
+    if stream:
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+    top = VARIANTS[variant]
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": question}]
+        if top is not None:
+            body |= {"logprobs": True, "top_logprobs": top}
+    else:
+        body["prompt"] = question
+        if top is not None:
+            body["logprobs"] = top
+    return body
+
+
+def frame_tokens(frame: dict, endpoint: str) -> int:
+    """Tokens one streamed frame carries: its logprob entries, else one per content delta."""
+    choices = frame.get("choices")
+    if not choices:
+        return 0
+    choice = choices[0]
+    logprobs = choice.get("logprobs")
+    if endpoint == "chat":
+        if logprobs:
+            return len(logprobs["content"])
+        return 1 if choice["delta"].get("content") else 0
+    if logprobs:
+        return len(logprobs["tokens"])
+    return 1 if choice.get("text") else 0
+
+
+async def posted(
+    session: aiohttp.ClientSession, url: str, body: dict, seen: Arrivals
+) -> aiohttp.ClientResponse:
+    """The response to `body`, its headers read. A kept-alive connection that the server closed
+    as the request went out fails before any response: that request is sent once more
+    (counted in `seen.resent`; a server that is gone fails again)."""
+    try:
+        return await session.post(url, json=body)
+    except aiohttp.ServerDisconnectedError:
+        seen.resent += 1
+        return await session.post(url, json=body)
+
+
+async def stream_one(
+    session: aiohttp.ClientSession, url: str, body: dict, endpoint: str, seen: Arrivals
+) -> None:
+    last = None
+    counted = 0
+    usage = None
+    async with await posted(session, url, body, seen) as response:
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status}: {await response.text()}")
+        async for line in response.content:
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            now = time.perf_counter()
+            frame = _decode(data)
+            if "error" in frame:
+                raise RuntimeError(f"the stream carried an error: {frame['error']}")
+            if frame.get("usage"):
+                usage = frame["usage"]["completion_tokens"]
+            tokens = frame_tokens(frame, endpoint)
+            if tokens:
+                if last is not None:
+                    seen.gaps.append((now, now - last))
+                seen.tokens.append((now, tokens))
+                last, counted = now, counted + tokens
+    if usage != body["max_tokens"]:
+        raise RuntimeError(f"expected {body['max_tokens']} tokens, the usage said {usage}")
+    if counted < usage:
+        # Frames without logprobs entries do not say how many tokens a merged delta holds.
+        seen.tokens.append((time.perf_counter(), usage - counted))
+    seen.requests += 1
+
+
+async def complete_one(
+    session: aiohttp.ClientSession, url: str, body: dict, endpoint: str, seen: Arrivals
+) -> None:
+    async with await posted(session, url, body, seen) as response:
+        raw = await response.read()
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status}: {raw[:500]!r}")
+    tokens = _decode(raw)["usage"]["completion_tokens"]
+    if tokens != body["max_tokens"]:
+        raise RuntimeError(f"expected {body['max_tokens']} tokens, the usage said {tokens}")
+    seen.tokens.append((time.perf_counter(), tokens))
+    seen.requests += 1
+
+
+async def run_cell(
+    server: HostServer,
+    cell: Cell,
+    args: argparse.Namespace,
+    profile: Path | None = None,
+) -> CellResult:
+    """Clients send requests back to back until the window ends; in-flight requests finish
+    (uncounted) before the next cell."""
+    path = "/v1/chat/completions" if args.endpoint == "chat" else "/v1/completions"
+    url = server.url + path
+    seen = Arrivals()
+    started = time.perf_counter()
+    window_end = started + args.warmup + args.seconds
+    one = stream_one if cell.stream else complete_one
+
+    async def client(index: int) -> None:
+        sent = 0
+        while time.perf_counter() < window_end:
+            body = request(
+                args.endpoint,
+                index + sent * cell.clients,
+                args.max_tokens,
+                cell.variant,
+                cell.stream,
+            )
+            await one(session, url, body, args.endpoint, seen)
+            sent += 1
+
+    async def snapshot_at(moment: float) -> Snapshot:
+        await asyncio.sleep(max(0.0, moment - time.perf_counter()))
+        return await server.snapshot(session)
+
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        clients = [asyncio.create_task(client(i)) for i in range(cell.clients)]
+        before = await snapshot_at(started + args.warmup)
+        recorder = start_profile(server, args.seconds, profile) if profile else None
+        after = await snapshot_at(window_end)
+        await asyncio.gather(*clients)
+    if recorder is not None:
+        recorder.wait(timeout=120)
+    return measured(cell, seen, before, after)
+
+
+def measured(cell: Cell, seen: Arrivals, before: Snapshot, after: Snapshot) -> CellResult:
+    def inside(moment: float) -> bool:
+        return before.at <= moment < after.at
+
+    old, new = before.executor, after.executor
+    return CellResult(
+        cell,
+        after.at - before.at,
+        new["tokens"] - old["tokens"],
+        sum(tokens for moment, tokens in seen.tokens if inside(moment)),
+        [gap * 1000 for moment, gap in seen.gaps if inside(moment)],
+        new["steps"] - old["steps"],
+        new["lanes"] - old["lanes"],
+        after.server_cpu_s - before.server_cpu_s,
+        after.client_cpu_s - before.client_cpu_s,
+        new["submit_s"] + new["read_s"] - old["submit_s"] - old["read_s"],
+        new["wide_steps"] - old["wide_steps"],
+        new["wide_s"] - old["wide_s"],
+        seen.requests,
+        seen.resent,
+        (
+            after.machine_cpu_s
+            - before.machine_cpu_s
+            - (after.server_cpu_s - before.server_cpu_s)
+            - (after.client_cpu_s - before.client_cpu_s)
+        )
+        / (after.at - before.at),
+    )
+
+
+def start_profile(server: HostServer, seconds: float, output: Path) -> subprocess.Popen | None:
+    """py-spy records the worker for the window, if present: only the thread holding the GIL,
+    since the worker's Python threads share it and its time is the host's budget."""
+    spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if spy is None:
+        print("--profile: py-spy is not installed; no profile", file=sys.stderr)
+        return None
+    command = [
+        spy,
+        "record",
+        "--pid",
+        str(server.worker_pid),
+        "--duration",
+        str(int(seconds)),
+        "--rate",
+        "250",
+        "--nonblocking",
+        "--gil",
+        "--threads",
+        "--format",
+        "raw",
+        "--output",
+        str(output),
+    ]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def profile_summary(collapsed: Path, top: int = 25) -> str:
+    """The costliest functions of a py-spy raw (collapsed) profile: share of samples spent in
+    each (inclusive) and in its own code (self), and each thread's share."""
+    inclusive: collections.Counter[str] = collections.Counter()
+    own: collections.Counter[str] = collections.Counter()
+    own_lines: collections.Counter[str] = collections.Counter()
+    threads: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack:
+            continue
+        count = int(count_text)
+        frames = stack.split(";")
+        total += count
+        threads[frames[0]] += count
+        names = [_function(frame) for frame in frames[1:]]
+        for name in set(names):
+            inclusive[name] += count
+        if names:
+            own[names[-1]] += count
+            own_lines[_line(frames[-1])] += count
+    if not total:
+        return "the profile holds no samples"
+    lines = [
+        f"{total} samples of the thread holding the GIL",
+        "",
+        "| thread | share |",
+        "|---|---|",
+    ]
+    lines += [f"| {name} | {100 * n / total:.1f}% |" for name, n in threads.most_common()]
+    lines += ["", "| function | inclusive | self |", "|---|---|---|"]
+    for name, n in inclusive.most_common(top):
+        lines.append(f"| `{name}` | {100 * n / total:.1f}% | {100 * own[name] / total:.1f}% |")
+    lines += ["", "| function (by self time) | self |", "|---|---|"]
+    lines += [f"| `{name}` | {100 * n / total:.1f}% |" for name, n in own.most_common(top)]
+    lines += ["", "| line (by self time) | self |", "|---|---|"]
+    lines += [f"| `{at}` | {100 * n / total:.1f}% |" for at, n in own_lines.most_common(top)]
+    return "\n".join(lines)
+
+
+def _function(frame: str) -> str:
+    """`name (path/to/module.py:line)` as `name (module.py)`: lines merged per function."""
+    name, _, where = frame.partition(" (")
+    module = where.rsplit(":", 1)[0].rsplit("/", 2)
+    return f"{name} ({'/'.join(module[-2:])})"
+
+
+def _line(frame: str) -> str:
+    """`name (path/to/module.py:line)` as `name (to/module.py:line)`."""
+    name, _, where = frame.partition(" (")
+    return f"{name} ({'/'.join(where.rstrip(')').rsplit('/', 2)[-2:])})"
+
+
+def _ms(values: list[float], fraction: float | None = None) -> str:
+    if not values:
+        return "-"
+    return f"{statistics.fmean(values) if fraction is None else percentile(values, fraction):.2f}"
+
+
+def table(results: list[CellResult], step_ms: float) -> str:
+    ideal = f"{1000 / step_ms:.0f}" if step_ms else "-"
+    lines = [
+        "| mode | clients | logprobs | tok/s | client tok/s | steps/s | ideal steps/s "
+        "| lanes/step | ITL mean ms | ITL p50 ms | ITL p99 ms | server CPU s/1k tok "
+        "| client CPU s/1k tok | executor CPU ms/step | same, steps >= 56 lanes "
+        "| other processes' CPU (cores) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        per_k = 1000 / r.tokens if r.tokens else float("nan")
+        wide = f"{1000 * r.wide_host_s / r.wide_steps:.2f}" if r.wide_steps else "-"
+        lines.append(
+            f"| {r.cell.mode} | {r.cell.clients} | {r.cell.variant} | {r.tokens_per_s:,.0f} "
+            f"| {r.delivered / r.seconds:,.0f} | {r.steps_per_s:.0f} | {ideal} "
+            f"| {r.lanes / max(r.steps, 1):.1f} "
+            f"| {_ms(r.gaps_ms)} | {_ms(r.gaps_ms, 0.5)} | {_ms(r.gaps_ms, 0.99)} "
+            f"| {r.server_cpu_s * per_k:.3f} | {r.client_cpu_s * per_k:.3f} "
+            f"| {1000 * r.executor_host_s / max(r.steps, 1):.2f} | {wide} "
+            f"| {r.others_cores:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def ratios(results: list[CellResult]) -> str:
+    """tok/s of one variant over another at each concurrency and mode, where both ran."""
+    rate = {(r.cell.mode, r.cell.clients, r.cell.variant): r.tokens_per_s for r in results}
+    pairs = [("20", "0"), ("0", "off"), ("20", "off")]
+    lines = [
+        "| mode | clients | "
+        + " | ".join(f"K={a} / {'off' if b == 'off' else 'K=' + b}" for a, b in pairs)
+        + " |",
+        "|---|---|" + "---|" * len(pairs),
+    ]
+    for mode, clients in dict.fromkeys((m, n) for m, n, _ in rate):
+        cells = []
+        for a, b in pairs:
+            top, bottom = rate.get((mode, clients, a)), rate.get((mode, clients, b))
+            cells.append(f"{top / bottom:.2f}x" if top and bottom else "-")
+        lines.append(f"| {mode} | {clients} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def cells(args: argparse.Namespace) -> list[Cell]:
+    """Every cell, level by level; the variants' order rotates per level so that none always
+    runs first."""
+    planned = []
+    for index, clients in enumerate(args.clients):
+        for stream, variants in ((True, args.variants), (False, args.non_stream_variants)):
+            shift = index % len(variants) if variants else 0
+            for variant in variants[shift:] + variants[:shift]:
+                planned.append(Cell(clients, variant, stream))
+    return planned
+
+
+async def bench_step(server: HostServer, step_ms: float, args: argparse.Namespace) -> None:
+    async with aiohttp.ClientSession() as session:
+        warm = request(args.endpoint, 0, args.max_tokens, "20", True)
+        path = "/v1/chat/completions" if args.endpoint == "chat" else "/v1/completions"
+        await stream_one(session, server.url + path, warm, args.endpoint, Arrivals())
+    results = []
+    for cell in cells(args):
+        profile = None
+        if args.profile == (cell.clients, cell.variant) and cell.stream:
+            profile = Path(tempfile.mkdtemp(prefix="helios-host-profile-")) / "profile.txt"
+        result = await run_cell(server, cell, args, profile)
+        print(
+            f"step {step_ms} ms, {cell.mode}, N={cell.clients}, logprobs {cell.variant}: "
+            f"{result.tokens_per_s:,.0f} tok/s ({result.delivered / result.seconds:,.0f} "
+            f"delivered), {result.steps_per_s:.0f} steps/s, {result.requests} requests"
+            f"{f', {result.resent} resent' if result.resent else ''}, other processes "
+            f"{result.others_cores:.2f} cores",
+            file=sys.stderr,
+        )
+        results.append(result)
+        if profile is not None and profile.exists():
+            print(f"\npy-spy profile of the server worker, {cell}:\n")
+            print(profile_summary(profile))
+            print(f"\n(collapsed stacks: {profile})\n")
+    print(f"\n### simulated device step {step_ms:g} ms\n")
+    print(table(results, step_ms))
+    print()
+    print(ratios(results))
+
+
+def micro(args: argparse.Namespace) -> None:
+    """The executor's bookkeeping per step in this process: submit and read of one step of
+    `--micro-lanes` decode lanes, over `--micro-steps` steps after 20 warm-up steps, per
+    variant: this thread's CPU time (what the step costs the host) and the wall time (which a
+    busy machine stretches)."""
+    import torch
+    from host_server import HostSettings, simulated_executor
+
+    from adapters.core.export import CoreSizes, resolve_core
+    from adapters.tokenizer.hf import HfTokenizer
+    from domain.engine.step import SlotWork, StepPlan
+    from domain.logprobs.values import LogprobOptions
+    from domain.requests.choice_sampling import LaneSampling
+    from domain.requests.sampling import SamplingParams
+
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    lanes = args.micro_lanes
+    core = resolve_core(None, CoreSizes(max(lanes, 64)))
+    tokenizer = HfTokenizer.from_dir(core.model_dir)
+    executor = simulated_executor(HostSettings(max_num_seqs=max(lanes, 64)), core, tokenizer)
+    params = SamplingParams(max_tokens=None, temperature=0.0)
+    tally = executor.tally
+    print(
+        f"executor bookkeeping, {lanes} decode lanes a step, {args.micro_steps} steps after "
+        "20 warm-up steps, in-process\n"
+    )
+    print(
+        "| logprobs | submit CPU ms | read CPU ms | CPU ms/step | CPU us/lane "
+        "| wall ms/step (median) |"
+    )
+    print("|---|---|---|---|---|---|")
+    for variant in args.variants:
+        top = VARIANTS[variant]
+        options = None if top is None else LogprobOptions(top_k=top)
+        sampling = LaneSampling(params, seed=0, remaining=1 << 20, logprobs=options)
+        walls = []
+        for step in range(20 + args.micro_steps):
+            if step == 20:
+                submit_s, read_s = tally.submit_s, tally.read_s
+            plan = StepPlan(
+                tuple(
+                    SlotWork(slot, 0, (7,), 100 + step, (slot,), 10, True, sampling)
+                    for slot in range(lanes)
+                )
+            )
+            entered = time.perf_counter()
+            executor.read(executor.submit(plan))
+            walls.append(time.perf_counter() - entered)
+        submit_ms = 1000 * (tally.submit_s - submit_s) / args.micro_steps
+        read_ms = 1000 * (tally.read_s - read_s) / args.micro_steps
+        step_ms = submit_ms + read_ms
+        print(
+            f"| {variant} | {submit_ms:.2f} | {read_ms:.2f} | {step_ms:.2f} "
+            f"| {1000 * step_ms / lanes:.0f} | {1000 * statistics.median(walls[20:]):.2f} |"
+        )
+
+
+def _levels(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part]
+
+
+def _variants(text: str) -> list[str]:
+    chosen = [part for part in text.split(",") if part]
+    unknown = [part for part in chosen if part not in VARIANTS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown variants {unknown}; pick from {list(VARIANTS)}")
+    return chosen
+
+
+def _profile(text: str) -> tuple[int, str]:
+    clients, _, variant = text.partition(":")
+    return int(clients), _variants(variant)[0]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10.0, help="measured window per cell")
+    parser.add_argument("--warmup", type=float, default=3.0, help="seconds before each window")
+    parser.add_argument("--clients", type=_levels, default=[1, 8, 32, 64])
+    parser.add_argument(
+        "--step-ms",
+        type=lambda t: [float(p) for p in t.split(",")],
+        default=[0.0],
+        help="simulated device step(s), one server each",
+    )
+    parser.add_argument("--variants", type=_variants, default=["off", "0", "20"])
+    parser.add_argument("--non-stream-variants", type=_variants, default=["off", "20"])
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
+    parser.add_argument(
+        "--profile",
+        type=_profile,
+        default=None,
+        help="N:VARIANT, e.g. 64:20: py-spy the worker during that streamed cell",
+    )
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads in the server (and --micro); default: torch's own",
+    )
+    parser.add_argument("--micro", action="store_true", help="time the executor in-process")
+    parser.add_argument("--micro-lanes", type=int, default=60)
+    parser.add_argument("--micro-steps", type=int, default=200)
+    args = parser.parse_args()
+    if args.micro:
+        micro(args)
+        return 0
+    print(
+        f"bench/host.py: {args.endpoint} endpoint, {args.max_tokens} tokens a request, "
+        f"{args.seconds:g} s window after {args.warmup:g} s warm-up per cell; torch threads "
+        f"in the server: {args.torch_threads or 'default'}; "
+        f"{platform.machine()}, {os.cpu_count()} CPUs, load average "
+        f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} at start"
+    )
+    for step_ms in args.step_ms:
+        with host_server(step_ms, max(args.clients), args.torch_threads) as server:
+            asyncio.run(bench_step(server, step_ms, args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,244 @@
+"""A model executor that does no model work, for the host-ceiling bench (`bench/host.py`).
+
+Only the device's part of a step is simulated: the forward, the sampling and the logprob
+reduction. Everything the host does with a step's outputs is the production code: the logprob
+request upload, the ABI6 record frames and the packed logprob frame of `CompletionOutputs`, and
+its read-back and decoding. So a server over this executor shows what the host costs when the
+device costs nothing (or the fixed `step_s` it is given).
+
+Bench code only: nothing in `domain`, `ports` or `adapters` imports it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from adapters.gpu.logprobs.completion_outputs import CompletionOutputs
+from domain.contract.frames import FrameResult
+from domain.contract.geometry import ExecutorGeometry
+from domain.contract.records import CompletionRecord, Role
+from domain.engine.commit import commit_round, forced_round
+from domain.engine.step import SlotWork, StepPlan
+from domain.logprobs.values import float_to_bits
+
+# What every lane "generates": this text's tokens, from an offset its seed picks, one position
+# after another. Real English keeps the detokenizer and the token strings realistic.
+TEXT = (
+    "The river bends twice before it reaches the old mill, and in spring the water runs high "
+    "enough to turn the wheel again. People from the village walk down on Sunday afternoons to "
+    "watch it, bringing bread for the ducks and stories about the miller, who kept bees and "
+    "argued with everyone about the weather. Nobody remembers when the mill stopped grinding "
+    "flour, but the stones are still there, worn smooth in the middle, and children like to "
+    "stand on them and pretend they are captains of a ship. In the evening the light turns "
+    "gold over the fields, the swallows fly low, and the sound of the wheel follows you all "
+    "the way back up the hill. "
+)
+
+_NAN = float_to_bits(float("nan"))
+
+
+@dataclass
+class BookkeepingTally:
+    """What the executor's host side spent: steps, their sampling lanes, emitted tokens,
+    positions that asked for logprobs, and the CPU seconds of `submit` and `read`.
+
+    Seconds are the calling thread's CPU time, so neither the simulated device wait nor
+    waiting for the GIL counts. The `wide_` fields count only steps of at least `wide_lanes`
+    sampling lanes, where the issue quotes the per-step bookkeeping cost.
+    """
+
+    wide_lanes: int = 56
+    steps: int = 0
+    lanes: int = 0
+    tokens: int = 0
+    requesting: int = 0
+    submit_s: float = 0.0
+    read_s: float = 0.0
+    wide_steps: int = 0
+    wide_s: float = 0.0
+    _pending: dict[int, tuple[int, float]] = field(default_factory=dict, repr=False)
+
+    def submitted(self, frame: int, lanes: int, tokens: int, requesting: int, cpu_s: float) -> None:
+        self._pending[frame] = (lanes, cpu_s)
+        self.steps += 1
+        self.lanes += lanes
+        self.tokens += tokens
+        self.requesting += requesting
+        self.submit_s += cpu_s
+
+    def read(self, frame: int, cpu_s: float) -> None:
+        lanes, submit_s = self._pending.pop(frame, (0, 0.0))
+        self.read_s += cpu_s
+        if lanes >= self.wide_lanes:
+            self.wide_steps += 1
+            self.wide_s += submit_s + cpu_s
+
+    def snapshot(self) -> dict[str, float]:
+        """The counters as plain numbers (JSON for the bench server's stats route)."""
+        return {name: value for name, value in vars(self).items() if name != "_pending"}
+
+
+class SimulatedExecutor:
+    """Implements `ports.executor.ModelExecutor` with no model: each sampling lane emits the
+    next token of `text_ids` (from an offset its seed picks, so a seeded lane emits the same
+    tokens whatever else is in the batch), and a requesting lane's packed logprob words are
+    copied from a table made at construction, as a device's reduction would write them.
+
+    The step's host work is the production `CompletionOutputs` (upload, commit, read) and the
+    shared commit rule. `step_s` stands for the device: `submit` sleeps that long after the
+    upload, as the torch executor waits for its sampled tokens. Drafts and grammars are
+    refused (a whole-step failure): the bench serves neither.
+    """
+
+    def __init__(
+        self,
+        geometry: ExecutorGeometry,
+        text_ids: Sequence[int],
+        step_s: float = 0.0,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        cpu_clock: Callable[[], float] = time.thread_time,
+    ) -> None:
+        if not text_ids or any(not 0 <= t < geometry.vocab_size for t in text_ids):
+            raise ValueError("the simulated text needs token IDs inside the vocabulary")
+        if step_s < 0:
+            raise ValueError(f"the simulated device step must be non-negative, got {step_s}")
+        self._geometry = geometry
+        self._text = tuple(text_ids)
+        self._step_s = step_s
+        self._sleep = sleep
+        self._cpu_clock = cpu_clock
+        device = torch.device("cpu")
+        self._outputs = CompletionOutputs(geometry, device, "reference")
+        self._top_k = geometry.logprobs.top_k
+        self._words = _position_words(self._text, self._top_k)
+        self._next_frame = 0
+        self.tally = BookkeepingTally()
+
+    @property
+    def geometry(self) -> ExecutorGeometry:
+        return self._geometry
+
+    def submit(self, plan: StepPlan) -> int:
+        cpu = self._cpu_clock()
+        frame = self._next_frame
+        self._next_frame ^= 1
+        if plan.scored:
+            raise ValueError("the simulated executor scores no prompts")
+        for work in plan.works:
+            if work.slot >= self._geometry.capacity:
+                raise ValueError(
+                    f"slot {work.slot} is outside the capacity {self._geometry.capacity}"
+                )
+            if work.speculation is not None or work.grammar is not None:
+                raise ValueError("the simulated executor verifies no drafts and masks no grammar")
+        emitting = [work for work in plan.works if work.sample]
+        if emitting:
+            self._outputs.upload(frame, emitting)
+        if self._step_s:
+            self._sleep(self._step_s)
+        records, rows = self._commit(plan)
+        self._outputs.commit(frame, records)
+        requesting = [row for row in rows if row[0].sampling.logprobs is not None]
+        if requesting:
+            self._write_logprobs(frame, requesting)
+        tokens = sum(len(record.tokens) for record in records)
+        cpu_s = self._cpu_clock() - cpu
+        self.tally.submitted(frame, len(emitting), tokens, len(requesting), cpu_s)
+        return frame
+
+    def read(self, frame: int) -> FrameResult:
+        cpu = self._cpu_clock()
+        result = self._outputs.read(frame)
+        self.tally.read(frame, self._cpu_clock() - cpu)
+        return result
+
+    def _commit(self, plan: StepPlan) -> tuple[list[CompletionRecord], list[tuple[SlotWork, int]]]:
+        """One record per lane, by the shared commit rule; and (lane, text index) of every
+        drawn position, in emission order."""
+        records, drawn = [], []
+        for work in plan.works:
+            if not work.sample:
+                records.append(
+                    CompletionRecord(
+                        slot=work.slot,
+                        epoch=work.epoch,
+                        role=Role.PROMPT,
+                        first_position=work.end_position,
+                    )
+                )
+                continue
+            position = work.first_emitted_position
+            if work.forced_token is not None:
+                emitted, finish, mask = forced_round(work)
+            else:
+                index = (work.sampling.seed + position) % len(self._text)
+                emitted, finish, _ = commit_round(work, (self._text[index],))
+                drawn.append((work, index))
+                mask = 0
+            records.append(
+                CompletionRecord(
+                    slot=work.slot,
+                    epoch=work.epoch,
+                    role=Role.SAMPLE,
+                    tokens=emitted,
+                    first_position=position,
+                    forced_mask=mask,
+                    finish=finish,
+                    generated_total=position - work.prompt_len + len(emitted),
+                )
+            )
+        return records, drawn
+
+    def _write_logprobs(self, frame: int, drawn: list[tuple[SlotWork, int]]) -> None:
+        """What the device reduction would leave in the frame: each drawn position's chosen
+        pair and K natural alternatives in one indexed copy; selected IDs lane by lane."""
+        buffers = self._outputs.buffers
+        if buffers is None:
+            raise ValueError("a lane requests logprobs, but the core reports none")
+        out = buffers.logprobs[frame]
+        natural = [(work.slot, index) for work, index in drawn if not _selects(work)]
+        if natural:
+            slots = torch.tensor([slot for slot, _ in natural], dtype=torch.int64)
+            indices = torch.tensor([index for _, index in natural], dtype=torch.int64)
+            width = self._words.shape[1]
+            out[slots, torch.zeros_like(slots), :width] = self._words[indices]
+        for work, index in drawn:
+            if _selects(work):
+                words = self._selected_words(work, index)
+                out[work.slot, 0, : len(words)] = torch.tensor(words, dtype=torch.int32)
+
+    def _selected_words(self, work: SlotWork, index: int) -> list[int]:
+        """The chosen pair, then each selected ID in caller order with a made-up value (NaN
+        bits past the real vocabulary, as the reducer reports them)."""
+        words = self._words[index, :2].tolist()
+        ids = work.sampling.logprobs.token_ids if work.sampling.logprobs is not None else ()
+        for token_id in ids:
+            inside = token_id < self._geometry.vocab_size
+            words += [token_id, float_to_bits(-4.0 - 0.01 * (token_id % 97)) if inside else _NAN]
+        return words
+
+
+def _selects(work: SlotWork) -> bool:
+    options = work.sampling.logprobs
+    return options is not None and options.selects
+
+
+def _position_words(text: tuple[int, ...], top_k: int) -> torch.Tensor:
+    """Packed words [len(text), 2 + 2K] for the chosen token at each text index: its logprob,
+    then K alternatives in reported order (descending value; the chosen token ranks first)."""
+    distinct = sorted(set(text))
+    rows = []
+    for index, token_id in enumerate(text):
+        chosen = -0.05 - 0.9 * ((index * 0.6180339887) % 1.0)
+        words = [token_id, float_to_bits(chosen)]
+        others = [t for t in distinct if t != token_id]
+        alternatives = [token_id] + [others[(index + r) % len(others)] for r in range(top_k - 1)]
+        for rank, alternative in enumerate(alternatives[:top_k]):
+            words += [alternative, float_to_bits(chosen - 1.5 * bool(rank) - 0.35 * rank)]
+        rows.append(words)
+    return torch.tensor(rows, dtype=torch.int32).reshape(len(text), 2 + 2 * top_k)
