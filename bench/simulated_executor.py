@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from adapters.gpu.lane_records import forced_record, prompt_record, sampled_record
 from adapters.gpu.logprobs.completion_outputs import CompletionOutputs
 from domain.contract.frames import FrameResult
 from domain.contract.geometry import ExecutorGeometry
-from domain.contract.records import CompletionRecord, Role
-from domain.engine.commit import commit_round, forced_round
+from domain.contract.records import CompletionRecord
+from domain.engine.commit import commit_round
 from domain.engine.step import SlotWork, StepPlan
 from domain.logprobs.values import float_to_bits
 
@@ -51,16 +52,17 @@ class BookkeepingTally:
     sampling lanes, where the issue quotes the per-step bookkeeping cost.
     """
 
-    wide_lanes: int = 56
     steps: int = 0
     lanes: int = 0
     tokens: int = 0
     requesting: int = 0
+    # Frames submitted and not yet read: their sampling lanes and submit CPU seconds.
+    _pending: dict[int, tuple[int, float]] = field(default_factory=dict, repr=False)
     submit_s: float = 0.0
     read_s: float = 0.0
+    wide_lanes: int = 56
     wide_steps: int = 0
     wide_s: float = 0.0
-    _pending: dict[int, tuple[int, float]] = field(default_factory=dict, repr=False)
 
     def submitted(self, frame: int, lanes: int, tokens: int, requesting: int, cpu_s: float) -> None:
         self._pending[frame] = (lanes, cpu_s)
@@ -163,35 +165,14 @@ class SimulatedExecutor:
         records, drawn = [], []
         for work in plan.works:
             if not work.sample:
-                records.append(
-                    CompletionRecord(
-                        slot=work.slot,
-                        epoch=work.epoch,
-                        role=Role.PROMPT,
-                        first_position=work.end_position,
-                    )
-                )
-                continue
-            position = work.first_emitted_position
-            if work.forced_token is not None:
-                emitted, finish, mask = forced_round(work)
+                records.append(prompt_record(work))
+            elif work.forced_token is not None:
+                records.append(forced_record(work))
             else:
-                index = (work.sampling.seed + position) % len(self._text)
+                index = (work.sampling.seed + work.first_emitted_position) % len(self._text)
                 emitted, finish, _ = commit_round(work, (self._text[index],))
                 drawn.append((work, index))
-                mask = 0
-            records.append(
-                CompletionRecord(
-                    slot=work.slot,
-                    epoch=work.epoch,
-                    role=Role.SAMPLE,
-                    tokens=emitted,
-                    first_position=position,
-                    forced_mask=mask,
-                    finish=finish,
-                    generated_total=position - work.prompt_len + len(emitted),
-                )
-            )
+                records.append(sampled_record(work, emitted, finish))
         return records, drawn
 
     def _write_logprobs(self, frame: int, drawn: list[tuple[SlotWork, int]]) -> None:

@@ -12,6 +12,7 @@ import torch
 from adapters.gpu.distributed.collectives import Collectives
 from adapters.gpu.distributed.shards import VocabShard
 from adapters.gpu.grammar.lanes import GrammarLanes, RowMasks
+from adapters.gpu.lane_records import forced_record, prompt_record, retired_record, sampled_record
 from adapters.gpu.logprobs.completion_outputs import CompletionOutputs
 from adapters.gpu.model.decoder import DecoderModel
 from adapters.gpu.model.forward_batch import ForwardBatch, SequenceChunk
@@ -26,8 +27,8 @@ from adapters.gpu.scoring.prompt_scorer_vp import VocabParallelPromptScorer
 from adapters.gpu.speculation.draft_runner import DraftRunner
 from domain.contract.frames import FrameResult, LaneFailure
 from domain.contract.geometry import ExecutorGeometry
-from domain.contract.records import CompletionRecord, Finish, Role
-from domain.engine.commit import commit_round, forced_round
+from domain.contract.records import CompletionRecord, Finish
+from domain.engine.commit import commit_round
 from domain.engine.step import SlotWork, StepPlan
 from domain.logprobs.prompt_scores import PROMPT_ROW_WORDS
 from domain.speculation.verdict import speculative_verdict
@@ -321,36 +322,21 @@ class TorchExecutor:
         records, failures = [], []
         for work, outcome in zip(plan.works, outcomes, strict=True):
             if work.slot in retired:
-                records.append(_retired_record(work))
+                records.append(retired_record(work))
                 param = work.grammar.spec.param if work.grammar is not None else None
                 failures.append(LaneFailure(work.slot, work.epoch, retired[work.slot], param))
                 continue
             if work.forced_token is not None:
-                records.append(_forced_record(work))
+                records.append(forced_record(work))
                 continue
             if outcome is None:
-                records.append(
-                    CompletionRecord(
-                        slot=work.slot,
-                        epoch=work.epoch,
-                        role=Role.PROMPT,
-                        first_position=work.end_position,
-                    )
-                )
+                records.append(prompt_record(work))
                 continue
             drafts, accepted, emitted, finish = outcome
             self._penalties.accept(work, drafts[:accepted])
             records.append(
-                CompletionRecord(
-                    slot=work.slot,
-                    epoch=work.epoch,
-                    role=Role.SPECULATIVE if work.speculation is not None else Role.SAMPLE,
-                    tokens=emitted,
-                    first_position=work.first_emitted_position,
-                    finish=finish,
-                    drafts_offered=len(drafts),
-                    drafts_accepted=accepted,
-                    generated_total=work.first_emitted_position - work.prompt_len + len(emitted),
+                sampled_record(
+                    work, emitted, finish, drafts_offered=len(drafts), drafts_accepted=accepted
                 )
             )
         self._outputs.commit(frame, records)
@@ -413,32 +399,6 @@ def _proposes(work: SlotWork) -> bool:
 def _drawing(plan: StepPlan) -> list[SlotWork]:
     """The lanes that draw a token this step: sampling lanes without a forced one."""
     return [work for work in plan.works if work.sample and work.forced_token is None]
-
-
-def _retired_record(work: SlotWork) -> CompletionRecord:
-    """A retired lane's record: it emits nothing and finishes with ERROR."""
-    return CompletionRecord(
-        slot=work.slot,
-        epoch=work.epoch,
-        role=Role.INVALID,
-        first_position=work.end_position,
-        finish=Finish.ERROR,
-    )
-
-
-def _forced_record(work: SlotWork) -> CompletionRecord:
-    """A forced lane's record: its token under the commit rule, marked in the forced mask."""
-    emitted, finish, mask = forced_round(work)
-    return CompletionRecord(
-        slot=work.slot,
-        epoch=work.epoch,
-        role=Role.SAMPLE,
-        tokens=emitted,
-        first_position=work.first_emitted_position,
-        forced_mask=mask,
-        finish=finish,
-        generated_total=work.first_emitted_position - work.prompt_len + len(emitted),
-    )
 
 
 def _row_probs(q: torch.Tensor, drafts: list[tuple[int, ...]], rows: int) -> torch.Tensor:
