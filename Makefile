@@ -34,8 +34,10 @@ lint: venv
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/mypy
 
+# One worker takes a whole file: a module's fixtures (a SmolLM2 server, a gloo world) start
+# once, where `load` spread a module over both workers and each started its own.
 test: lint
-	$(BIN)/pytest -n auto -m "not gpu"
+	$(BIN)/pytest -n auto --dist loadfile -m "not gpu"
 
 # The inner loop: the domain's unit tests, the layering and the contracts that need no model.
 test-fast: venv
