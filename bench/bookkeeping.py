@@ -92,6 +92,7 @@ class StepBench:
         options: LogprobOptions | None,
         chat: bool,
         sse_serialize: Callable[[dict], bytes],
+        rendering: TokenRendering,
     ) -> None:
         self._tokenizer = tokenizer
         self._options = options
@@ -128,7 +129,8 @@ class StepBench:
         self._choices = [
             ChoiceEmission(0, params, tokenizer, logprobs=options is not None) for _ in self._lanes
         ]
-        self._renderings = [TokenRendering(tokenizer.token_bytes) for _ in self._lanes]
+        # The server keeps one rendering (one memo of names and bytes) for all requests.
+        self._renderings = [rendering] * lanes
         self._header = ResponseHeader("cmpl-0123456789abcdef0123456789abcdef", 1764633600, "m")
         self._vocab = vocab
         self._step = 0
@@ -142,12 +144,20 @@ class StepBench:
         words = buffers.logprobs[frame]
         values = words.view(torch.float32)
         for slot, token_id in zip(self._lanes, chosen, strict=True):
-            ids = [token_id, *self._rng.sample(range(self._vocab), 20)]
+            ids = [token_id, *self._alternative_ids()]
             logprobs = sorted((-self._rng.expovariate(0.3) for _ in range(21)), reverse=True)
             words[slot, 0, 0] = token_id
             values[slot, 0, 1] = logprobs[self._rng.randrange(21)]
             words[slot, 0, 2:42:2] = torch.tensor(ids[1:], dtype=torch.int32)
             values[slot, 0, 3:43:2] = torch.tensor(logprobs[1:], dtype=torch.float32)
+
+    def _alternative_ids(self) -> list[int]:
+        """Twenty distinct IDs, log-uniform over the vocabulary: a model's alternatives are
+        mostly the frequent (low-ID) merges, with a long tail."""
+        found: dict[int, None] = {}
+        while len(found) < 20:
+            found[int(self._vocab ** self._rng.random()) - 1] = None
+        return list(found)
 
     def step(self) -> None:
         frame = self._step % 2
@@ -216,6 +226,7 @@ def main() -> int:
     args = parser.parse_args()
     tokenizer = HfTokenizer.from_dir(exported_model_dir(default_gguf_path(), progress=False))
     serialize = sse_serializer()
+    rendering = TokenRendering(tokenizer.token_bytes)
     torch.set_num_threads(1)
     lane_counts = [int(part) for part in args.lanes.split(",")]
     print(
@@ -231,7 +242,7 @@ def main() -> int:
         for lanes in lane_counts:
             baseline = None
             for name, options in MODES:
-                bench = StepBench(tokenizer, lanes, options, chat, serialize)
+                bench = StepBench(tokenizer, lanes, options, chat, serialize, rendering)
                 for _ in range(args.warmup):
                     bench.step()
                 bench.phases = Phases([], [], [])
@@ -247,15 +258,19 @@ def main() -> int:
                     f"{total / baseline:.2f}x |"
                 )
     if args.profile:
-        profile(tokenizer, max(lane_counts), serialize, args.steps)
+        profile(tokenizer, max(lane_counts), serialize, rendering, args.steps)
     return 0
 
 
 def profile(
-    tokenizer: HfTokenizer, lanes: int, serialize: Callable[[dict], bytes], steps: int
+    tokenizer: HfTokenizer,
+    lanes: int,
+    serialize: Callable[[dict], bytes],
+    rendering: TokenRendering,
+    steps: int,
 ) -> None:
     for chat in (False, True):
-        bench = StepBench(tokenizer, lanes, LogprobOptions(top_k=20), chat, serialize)
+        bench = StepBench(tokenizer, lanes, LogprobOptions(top_k=20), chat, serialize, rendering)
         for _ in range(10):
             bench.step()
         profiler = cProfile.Profile()

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from domain.common.ranges import TOKEN_ID, check_logprob_count
-from domain.common.wire import wire_float
+from domain.common.wire import REPR_FIXED_FROM, wire_float
 
 NATURAL_TOP_K = 20
 MAX_SELECTED_IDS = 128
@@ -117,6 +117,13 @@ def wire_logprob(value: float) -> float:
     """JSON has no -inf: it is rendered as -9999.0, as vLLM does; the value's text is the one
     `json.dumps` writes, whichever encoder writes it (`wire_float`)."""
     return LOGPROB_FLOOR if value == -math.inf or value < LOGPROB_FLOOR else wire_float(value)
+
+
+def wire_logprobs(values: Sequence[float]) -> list[float]:
+    """`wire_logprob` of each value, in one pass: most values (from the floor up to -1e-4)
+    are already what the wire shows."""
+    floor, top = LOGPROB_FLOOR, -REPR_FIXED_FROM
+    return [value if floor <= value <= top else wire_logprob(value) for value in values]
 
 
 @dataclass(frozen=True, slots=True)

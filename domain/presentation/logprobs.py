@@ -10,7 +10,7 @@ from domain.common.wire import JsonObject
 from domain.emission.detokenizer import decode_whole
 from domain.emission.outputs import LogprobEntry
 from domain.logprobs.prompt_scores import PromptScore
-from domain.logprobs.values import LogprobOptions, wire_logprob
+from domain.logprobs.values import LogprobOptions, wire_logprob, wire_logprobs
 
 if TYPE_CHECKING:  # the domain drives ports but never needs them at run time
     from ports.tokenizer import Tokenizer
@@ -52,6 +52,11 @@ class TokenRendering:
             cached = self._byte_lists[token_id] = list(self.token_bytes(token_id))
         return cached.copy()
 
+    def byte_lists(self, token_ids: Sequence[int]) -> list[list[int]]:
+        """`byte_list` of each ID, in one pass over the memo."""
+        known = self._byte_lists.get
+        return [b.copy() if (b := known(i)) is not None else self.byte_list(i) for i in token_ids]
+
 
 def _alternatives(
     entry: LogprobEntry, options: LogprobOptions
@@ -82,9 +87,9 @@ def completion_logprobs(
         ids, values = _alternatives(entry, options)
         if ids:
             # Distinct IDs may decode to the same string; the first (the chosen) keeps the key.
-            for key, logprob in zip(rendering.texts(ids), values, strict=True):
+            for key, logprob in zip(rendering.texts(ids), wire_logprobs(values), strict=True):
                 if key not in top:
-                    top[key] = wire_logprob(logprob)
+                    top[key] = logprob
         tokens.append(name)
         token_logprobs.append(value)
         top_logprobs.append(top)
@@ -115,9 +120,10 @@ def chat_logprobs(
         chosen = entry.position.chosen
         item = _chat_token(chosen.token_id, chosen.logprob, rendering)
         ids, values = _alternatives(entry, options)
+        names, byte_lists = rendering.texts(ids), rendering.byte_lists(ids)
         item["top_logprobs"] = [
-            _chat_token(token_id, logprob, rendering)
-            for token_id, logprob in zip(ids, values, strict=True)
+            {"token": name, "logprob": logprob, "bytes": raw}
+            for name, logprob, raw in zip(names, wire_logprobs(values), byte_lists, strict=True)
         ]
         content.append(item)
     return {"content": content}

@@ -25,6 +25,7 @@ from domain.logprobs.values import (
     unpack_position,
     unpack_position_bytes,
     wire_logprob,
+    wire_logprobs,
 )
 from tests.support.packing import pack_position
 
@@ -226,6 +227,20 @@ def test_wire_values_repr_writes_in_exponent_form_are_marked_and_keep_their_valu
     assert math.copysign(1.0, wire) == math.copysign(1.0, max(value, LOGPROB_FLOOR))
     assert wire == max(value, LOGPROB_FLOOR)
     assert repr(float(wire)) == repr(max(value, LOGPROB_FLOOR))
+
+
+@given(st.lists(st.integers(-(2**31), 2**31 - 1).map(bits_to_float), max_size=24))
+def test_wire_values_of_a_list_are_those_of_each_value(values) -> None:
+    values = [value for value in values if not math.isnan(value)]
+
+    wire = wire_logprobs(values)
+
+    expected = [wire_logprob(value) for value in values]
+    assert wire == expected
+    assert [type(value) for value in wire] == [type(value) for value in expected]
+    assert [math.copysign(1.0, value) for value in wire] == [
+        math.copysign(1.0, value) for value in expected
+    ]
 
 
 def test_options_carry_natural_pairs_or_the_selected_ids_instead() -> None:
