@@ -25,8 +25,9 @@ class ModelExecutor(Protocol):
       the length limit clips them).
       Greedy lanes keep drafts equal to the target's choice.
     - `read(f)` returns that frame's records and, for requesting lanes only, their decoded
-      logprob positions (one per emitted token, from the raw target row that chose it); the
-      frame is free for reuse after it returns.
+      logprob positions (one per emitted token, from the raw target row that chose it, with the
+      alternatives the lane asked for: its K natural ones, none at K = 0, or its selected IDs);
+      the frame is free for reuse after it returns.
     - A seeded lane samples the same token whatever else is in the batch.
     - A scored plan (only when the geometry declares scored capacities) also scores each lane's
       rows against their prompt targets; it advances the cache exactly as prefill does.

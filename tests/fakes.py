@@ -369,7 +369,7 @@ class FakeExecutor:
                     before,
                     token_id,
                     work.sampling.logprobs,
-                    geometry.logprobs.top_k,
+                    work.sampling.logprobs.top_k,
                     geometry.vocab_size,
                     self._model,
                 )

@@ -129,7 +129,8 @@ async def collect(group: RequestGroup, job: ApiRequest) -> Collected:
 
 
 def rendering(job: ApiRequest, served: ServedModel) -> TokenRendering:
-    return TokenRendering(served.tokenizer.token_bytes, job.return_tokens_as_token_ids)
+    """The served model's rendering of the kind the request asks for (its memo is shared)."""
+    return served.renderings[job.return_tokens_as_token_ids]
 
 
 def prompt_usage(job: ApiRequest) -> Usage:

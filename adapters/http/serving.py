@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from domain.common.errors import NotFoundError, NotReadyError
 from domain.parsers.settings import NO_PARSERS, ParserSettings
+from domain.presentation.logprobs import TokenRendering
 from domain.reasoning.thinking import ThinkingMarkers
 from ports.engine_client import EngineClient
 from ports.tokenizer import Tokenizer
@@ -43,6 +44,14 @@ class ServedModel:
             tuple(encode(strings.start, add_special_tokens=False)),
             tuple(encode(strings.end, add_special_tokens=False)),
         )
+
+    @functools.cached_property
+    def renderings(self) -> tuple[TokenRendering, TokenRendering]:
+        """How tokens are named on the wire, by their bytes and as `token_id:<id>`: one of each
+        for the server's life, so every request finds the names and bytes of tokens any earlier
+        request rendered (at most one entry a vocabulary token in each)."""
+        token_bytes = self.tokenizer.token_bytes
+        return TokenRendering(token_bytes), TokenRendering(token_bytes, as_token_ids=True)
 
     def check_model(self, name: str | None) -> None:
         """A request may name the served model or none; any other name is a 404, as in vLLM."""

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 import falcon.asgi
 from falcon.asgi import SSEvent
 
-from adapters.http import generation
+from adapters.http import generation, wire_json
 from adapters.http.body import PostEndpoint
 from adapters.http.engine_bridge import RequestGroup
 from adapters.http.requests.chat import chat_request
@@ -64,7 +64,7 @@ class ChatCompletionsResource(PostEndpoint):
                 job.prompt_logprobs,
                 rendering,
             )
-        resp.media = chat_response(header, body, collected.usage, prompt_logprobs)
+        wire_json.send(resp, chat_response(header, body, collected.usage, prompt_logprobs))
 
 
 def _logprobs(

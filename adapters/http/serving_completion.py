@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Sequence
 import falcon.asgi
 from falcon.asgi import SSEvent
 
-from adapters.http import generation
+from adapters.http import generation, wire_json
 from adapters.http.body import PostEndpoint
 from adapters.http.engine_bridge import RequestGroup, check_all
 from adapters.http.requests.completion import completion_request
@@ -60,7 +60,8 @@ class CompletionsResource(PostEndpoint):
             if job.stream:
                 resp.sse = _echo_only_events(header, job, result)
             else:
-                resp.media = completion_response(header, result, generation.prompt_usage(job))
+                usage = generation.prompt_usage(job)
+                wire_json.send(resp, completion_response(header, result, usage))
             return
         group = await generation.request_group(job, served, header, self._settings.channel_capacity)
         view = _LogprobView(job, generation.rendering(job, served), served.tokenizer)
@@ -80,7 +81,7 @@ class CompletionsResource(PostEndpoint):
                     prompt_logprobs=view.prompt_logprobs(prompt_index, scores),
                 )
             )
-        resp.media = completion_response(header, body, collected.usage)
+        wire_json.send(resp, completion_response(header, body, collected.usage))
 
 
 class _LogprobView:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from falcon.asgi import SSEvent
 
+from adapters.http import wire_json
 from domain.common.errors import DomainError
 from domain.presentation.objects import error_object
 
 
 def json_event(payload: dict) -> SSEvent:
-    return SSEvent(json=payload)
+    """A `data:` frame of a completion or chat stream, its JSON written by `wire_json`."""
+    return SSEvent(data=wire_json.encode(payload))
 
 
 def done_event() -> SSEvent:

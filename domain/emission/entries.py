@@ -64,6 +64,12 @@ def record_entries(
             f"slot {record.slot}: {len(payload)} logprob positions for "
             f"{len(record.tokens)} emitted tokens"
         )
+    if not record.forced_mask:
+        # No token is forced, so every one keeps its entry (`emission_keeps`), echo or not.
+        for token_id, position in zip(record.tokens, payload, strict=True):
+            if position.chosen.token_id != token_id:
+                raise _misnamed(record, position, token_id)
+        return tuple(payload)
     entries: list[PositionLogprobs | None] = []
     for index, (token_id, position) in enumerate(zip(record.tokens, payload, strict=True)):
         token = Emitted.FORCED if record.is_forced(index) else Emitted.ORDINARY
@@ -71,12 +77,18 @@ def record_entries(
             entries.append(None)
             continue
         if position.chosen.token_id != token_id:
-            raise LogprobDataError(
-                f"slot {record.slot}: logprob payload names token {position.chosen.token_id} "
-                f"where the record emitted {token_id}"
-            )
+            raise _misnamed(record, position, token_id)
         entries.append(position)
     return tuple(entries)
+
+
+def _misnamed(
+    record: CompletionRecord, position: PositionLogprobs, token_id: int
+) -> LogprobDataError:
+    return LogprobDataError(
+        f"slot {record.slot}: logprob payload names token {position.chosen.token_id} "
+        f"where the record emitted {token_id}"
+    )
 
 
 class PartMap:

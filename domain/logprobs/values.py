@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from domain.common.ranges import TOKEN_ID, check_logprob_count
+from domain.common.wire import REPR_FIXED_FROM, wire_float
 
 NATURAL_TOP_K = 20
 MAX_SELECTED_IDS = 128
@@ -46,12 +48,38 @@ class TokenLogprob:
     logprob: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class PositionLogprobs:
-    """One emitted position: the chosen token and the alternatives in reported order."""
+    """One emitted position: the chosen token and the alternatives in reported order.
+
+    The alternatives are kept as two parallel tuples, their IDs and their values, read from a
+    frame in one call (`unpack_position`); `alternatives` builds their `TokenLogprob`s on demand.
+    """
 
     chosen: TokenLogprob
-    alternatives: tuple[TokenLogprob, ...] = ()
+    alternative_ids: tuple[int, ...]
+    alternative_logprobs: tuple[float, ...]
+
+    def __init__(self, chosen: TokenLogprob, alternatives: Sequence[TokenLogprob] = ()) -> None:
+        object.__setattr__(self, "chosen", chosen)
+        object.__setattr__(self, "alternative_ids", tuple(a.token_id for a in alternatives))
+        object.__setattr__(self, "alternative_logprobs", tuple(a.logprob for a in alternatives))
+
+    @classmethod
+    def of_pairs(cls, chosen: TokenLogprob, words: Sequence[int | float]) -> PositionLogprobs:
+        """From alternating (ID, value) words, up to the first -1 ID."""
+        ids = tuple(words[0::2])
+        if NO_TOKEN in ids:
+            ids = ids[: ids.index(NO_TOKEN)]
+        position: PositionLogprobs = object.__new__(cls)
+        object.__setattr__(position, "chosen", chosen)
+        object.__setattr__(position, "alternative_ids", ids)
+        object.__setattr__(position, "alternative_logprobs", tuple(words[1 : 2 * len(ids) : 2]))
+        return position
+
+    @property
+    def alternatives(self) -> tuple[TokenLogprob, ...]:
+        return tuple(map(TokenLogprob, self.alternative_ids, self.alternative_logprobs))
 
 
 def unpack_pairs(words: Sequence[int], first: int, pairs: int) -> tuple[TokenLogprob, ...]:
@@ -71,9 +99,31 @@ def unpack_position(words: Sequence[int], pairs: int) -> PositionLogprobs:
     return PositionLogprobs(chosen, unpack_pairs(words, 2, pairs))
 
 
+@functools.cache
+def _position_layout(pairs: int) -> struct.Struct:
+    """A position's first 1 + `pairs` (int32 ID, FP32 value) pairs, little-endian."""
+    return struct.Struct("<" + "if" * (1 + pairs))
+
+
+def unpack_position_bytes(buffer: bytes | memoryview, offset: int, pairs: int) -> PositionLogprobs:
+    """`unpack_position` over the position's int32 words in raw little-endian bytes, from byte
+    `offset`: one unpack call for the chosen pair and the `pairs` alternatives a lane asked
+    for, the values widened from FP32 exactly as `bits_to_float` widens them."""
+    words = _position_layout(pairs).unpack_from(buffer, offset)
+    return PositionLogprobs.of_pairs(TokenLogprob(words[0], words[1]), words[2:])
+
+
 def wire_logprob(value: float) -> float:
-    """JSON has no -inf: it is rendered as -9999.0, as vLLM does."""
-    return LOGPROB_FLOOR if value == -math.inf or value < LOGPROB_FLOOR else value
+    """JSON has no -inf: it is rendered as -9999.0, as vLLM does; the value's text is the one
+    `json.dumps` writes, whichever encoder writes it (`wire_float`)."""
+    return LOGPROB_FLOOR if value == -math.inf or value < LOGPROB_FLOOR else wire_float(value)
+
+
+def wire_logprobs(values: Sequence[float]) -> list[float]:
+    """`wire_logprob` of each value, in one pass: most values (from the floor up to -1e-4)
+    are already what the wire shows."""
+    floor, top = LOGPROB_FLOOR, -REPR_FIXED_FROM
+    return [value if floor <= value <= top else wire_logprob(value) for value in values]
 
 
 @dataclass(frozen=True, slots=True)

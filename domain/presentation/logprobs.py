@@ -10,7 +10,7 @@ from domain.common.wire import JsonObject
 from domain.emission.detokenizer import decode_whole
 from domain.emission.outputs import LogprobEntry
 from domain.logprobs.prompt_scores import PromptScore
-from domain.logprobs.values import LogprobOptions, TokenLogprob, wire_logprob
+from domain.logprobs.values import LogprobOptions, wire_logprob, wire_logprobs
 
 if TYPE_CHECKING:  # the domain drives ports but never needs them at run time
     from ports.tokenizer import Tokenizer
@@ -20,8 +20,9 @@ if TYPE_CHECKING:  # the domain drives ports but never needs them at run time
 class TokenRendering:
     """How tokens are named on the wire: their bytes decoded, or `token_id:<id>` placeholders.
 
-    Names and byte lists are memoized per request: a stream with twenty alternatives renders the
-    same few hundred IDs over and over on the event loop.
+    Names and byte lists are memoized per token ID for as long as the rendering lives (the
+    server keeps one of each kind for its model): a stream with twenty alternatives renders
+    the same IDs over and over on the event loop.
     """
 
     token_bytes: Callable[[int], bytes]
@@ -39,6 +40,11 @@ class TokenRendering:
             self._names[token_id] = name
         return name
 
+    def texts(self, token_ids: Sequence[int]) -> list[str]:
+        """`text` of each ID, in one pass over the memo."""
+        known = self._names.get
+        return [n if (n := known(i)) is not None else self.text(i) for i in token_ids]
+
     def byte_list(self, token_id: int) -> list[int]:
         """The token's raw bytes as JSON integers (a fresh list, safe to hand to a response)."""
         cached = self._byte_lists.get(token_id)
@@ -46,11 +52,22 @@ class TokenRendering:
             cached = self._byte_lists[token_id] = list(self.token_bytes(token_id))
         return cached.copy()
 
+    def byte_lists(self, token_ids: Sequence[int]) -> list[list[int]]:
+        """`byte_list` of each ID, in one pass over the memo."""
+        known = self._byte_lists.get
+        return [b.copy() if (b := known(i)) is not None else self.byte_list(i) for i in token_ids]
 
-def _alternatives(entry: LogprobEntry, options: LogprobOptions) -> tuple[TokenLogprob, ...]:
-    """Selected IDs all, in caller order; otherwise the first `top_k` natural alternatives."""
-    alternatives = entry.position.alternatives
-    return alternatives if options.selects else alternatives[: options.top_k]
+
+def _alternatives(
+    entry: LogprobEntry, options: LogprobOptions
+) -> tuple[Sequence[int], Sequence[float]]:
+    """Selected IDs all, in caller order; otherwise the first `top_k` natural alternatives: their
+    IDs and their values."""
+    position = entry.position
+    if options.selects:
+        return position.alternative_ids, position.alternative_logprobs
+    count = options.top_k
+    return position.alternative_ids[:count], position.alternative_logprobs[:count]
 
 
 def completion_logprobs(
@@ -67,9 +84,12 @@ def completion_logprobs(
         name = rendering.text(chosen.token_id)
         value = wire_logprob(chosen.logprob)
         top = {name: value}
-        for alternative in _alternatives(entry, options):
+        ids, values = _alternatives(entry, options)
+        if ids:
             # Distinct IDs may decode to the same string; the first (the chosen) keeps the key.
-            top.setdefault(rendering.text(alternative.token_id), wire_logprob(alternative.logprob))
+            for key, logprob in zip(rendering.texts(ids), wire_logprobs(values), strict=True):
+                if key not in top:
+                    top[key] = logprob
         tokens.append(name)
         token_logprobs.append(value)
         top_logprobs.append(top)
@@ -82,11 +102,11 @@ def completion_logprobs(
     }
 
 
-def _chat_token(token: TokenLogprob, rendering: TokenRendering) -> JsonObject:
+def _chat_token(token_id: int, logprob: float, rendering: TokenRendering) -> JsonObject:
     return {
-        "token": rendering.text(token.token_id),
-        "logprob": wire_logprob(token.logprob),
-        "bytes": rendering.byte_list(token.token_id),
+        "token": rendering.text(token_id),
+        "logprob": wire_logprob(logprob),
+        "bytes": rendering.byte_list(token_id),
     }
 
 
@@ -97,8 +117,14 @@ def chat_logprobs(
     `bytes`, and the true top alternatives in order (or the selected IDs in caller order)."""
     content = []
     for entry in entries:
-        item = _chat_token(entry.position.chosen, rendering)
-        item["top_logprobs"] = [_chat_token(a, rendering) for a in _alternatives(entry, options)]
+        chosen = entry.position.chosen
+        item = _chat_token(chosen.token_id, chosen.logprob, rendering)
+        ids, values = _alternatives(entry, options)
+        names, byte_lists = rendering.texts(ids), rendering.byte_lists(ids)
+        item["top_logprobs"] = [
+            {"token": name, "logprob": logprob, "bytes": raw}
+            for name, logprob, raw in zip(names, wire_logprobs(values), byte_lists, strict=True)
+        ]
         content.append(item)
     return {"content": content}
 

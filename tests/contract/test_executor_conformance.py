@@ -161,16 +161,30 @@ def test_only_requesting_lanes_carry_payloads_and_none_without_a_request(executo
 
 
 def test_natural_alternatives_follow_the_reported_order(executor):
-    top_k = executor.geometry.logprobs.top_k
-    result = run(executor, Lanes().work(0, prompt(9), logprobs=LogprobOptions(top_k=2)))
+    result = run(executor, Lanes().work(0, prompt(9), logprobs=LogprobOptions(top_k=5)))
 
     (position,) = result.lane_logprobs(0)
 
     keys = [sort_key(a.logprob, a.token_id) for a in position.alternatives]
-    assert len(position.alternatives) == top_k and keys == sorted(keys, reverse=True)
+    assert len(position.alternatives) == 5 and keys == sorted(keys, reverse=True)
     assert all(a.logprob <= 0.0 for a in position.alternatives)
     # The chosen token of a greedy lane is the best alternative, with the same value.
     assert position.alternatives[0] == position.chosen
+
+
+def test_a_lane_reads_the_natural_alternatives_it_asked_for_and_no_more(executor):
+    lanes = Lanes()
+    result = run(
+        executor,
+        lanes.work(0, prompt(9), logprobs=LogprobOptions(top_k=0)),
+        lanes.work(1, prompt(12), logprobs=LogprobOptions(top_k=3)),
+    )
+
+    (nothing,) = result.lane_logprobs(0)
+    (three,) = result.lane_logprobs(1)
+
+    assert nothing.alternatives == () and nothing.chosen.token_id == result.records[0].tokens[0]
+    assert len(three.alternatives) == 3
 
 
 def test_selected_ids_come_in_caller_order_with_the_same_normalization(executor):

@@ -1,15 +1,19 @@
 """Records the wire bytes of a fixed request set, to prove a refactor changes none of them.
 
-`python -m tests.support.wire_snapshot OUT` serves the embedded SmolLM2 in-process (prompt
+`python -m tests.support.wire_snapshot OUT [--raw]` serves the embedded SmolLM2 in-process (prompt
 scoring on) and writes one JSON line per request: the api.md examples, then seeded requests
 covering logprobs, echo, streaming, n > 1, stop strings, selected IDs and errors. Response IDs
 and timestamps are replaced by placeholders; everything else is the server's bytes, re-encoded
 with sorted keys. Run it before and after a change and compare the files byte for byte.
+
+`--raw` keeps each response's body as sent instead (key order, float text and whitespace as the
+server wrote them; IDs and times still replaced), for changes to how JSON is written.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -181,6 +185,8 @@ SEEDED: tuple[tuple[str, dict], ...] = (
 
 
 _IDS = frozenset({"id", "item_id"})
+_RAW_IDS = re.compile(r'("(?:id|item_id)": ?)"[^"]*"')
+_RAW_TIMES = re.compile(r'("(?:created|created_at)": ?)[0-9]+')
 _TIMES = frozenset({"created", "created_at"})
 
 
@@ -206,12 +212,21 @@ def _api_md_requests() -> list[tuple[str, str, dict | None]]:
     ]
 
 
-def _record(app: object, method: str, path: str, body: dict | None) -> dict:
+def _raw(text: str) -> str:
+    return _RAW_TIMES.sub(r"\g<1>0", _RAW_IDS.sub(r'\g<1>"<id>"', text))
+
+
+def _record(app: object, method: str, path: str, body: dict | None, *, raw: bool) -> dict:
     if body is not None and body.get("stream"):
         status, text = stream_post(app, path, json=body)
+        if raw:
+            return {"path": path, "request": body, "status": status, "raw": _raw(text)}
         frames = [frame if frame == "[DONE]" else json.loads(frame) for frame in data_frames(text)]
         return {"path": path, "request": body, "status": status, "frames": _normalized(frames)}
     result = testing.TestClient(app).simulate_request(method, path, json=body)
+    if raw:
+        status, text = result.status_code, result.text
+        return {"path": path, "request": body, "status": status, "raw": _raw(text)}
     return {
         "path": path,
         "request": body,
@@ -220,7 +235,7 @@ def _record(app: object, method: str, path: str, body: dict | None) -> dict:
     }
 
 
-def record(output: Path) -> int:
+def record(output: Path, *, raw: bool = False) -> int:
     config = ServeConfig(
         runner=RunnerSettings(
             device="cpu",
@@ -236,12 +251,13 @@ def record(output: Path) -> int:
         requests = _api_md_requests() + [("POST", path, body) for path, body in SEEDED]
         with output.open("w", encoding="utf-8") as sink:
             for method, path, body in requests:
-                sink.write(json.dumps(_record(app, method, path, body), sort_keys=True) + "\n")
+                line = _record(app, method, path, body, raw=raw)
+                sink.write(json.dumps(line, sort_keys=True) + "\n")
     finally:
         served.stop()
     return len(requests)
 
 
 if __name__ == "__main__":
-    count = record(Path(sys.argv[1]))
+    count = record(Path(sys.argv[1]), raw="--raw" in sys.argv[2:])
     print(f"recorded {count} responses into {sys.argv[1]}")

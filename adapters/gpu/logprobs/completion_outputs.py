@@ -18,7 +18,7 @@ from domain.engine.step import SlotWork
 from domain.logprobs.values import (
     MAX_SELECTED_IDS,
     PositionLogprobs,
-    unpack_position,
+    unpack_position_bytes,
 )
 
 
@@ -123,7 +123,8 @@ class CompletionOutputs:
         buffers.requested.copy_(torch.tensor(flags, dtype=torch.int32))
         if buffers.counts is not None:
             buffers.counts.copy_(torch.tensor(counts, dtype=torch.int32))
-        pairs = {slot: (len(options.token_ids) or self._top_k) for slot, options in requesting}
+        # A lane decodes the pairs it asked for (none at K=0); the copy stays W wide.
+        pairs = {slot: options.pairs for slot, options in requesting}
         width = max(self._top_k, *pairs.values()) if requesting else 0
         self._requests[frame] = _FrameRequests(tuple(pairs), pairs, width) if requesting else None
         return bool(requesting)
@@ -168,9 +169,11 @@ class CompletionOutputs:
         runs `read(submit(plan))`), so the second frame waits for an overlapped step loop.
         """
         capacity = self._geometry.token_capacity
-        for record in records:
-            self._records[frame, record.slot] = torch.tensor(record.encode(capacity))
-        self._lanes[frame] = tuple(record.slot for record in records)
+        slots = [record.slot for record in records]
+        if records:
+            words = [record.encode(capacity) for record in records]
+            self._records[frame, slots] = torch.tensor(words, dtype=torch.int64)
+        self._lanes[frame] = tuple(slots)
 
     def read(self, frame: int) -> FrameResult:
         """Decodes the frame's records and, for requesting lanes only, their emitted positions."""
@@ -182,19 +185,26 @@ class CompletionOutputs:
             return FrameResult(frame, records)
         width = 2 + 2 * requests.width
         slots = list(requests.lanes)
-        # One copy of the requesting lanes' halves: chosen pair plus W alternative pairs.
-        copied = self.buffers.logprobs[frame, slots, :, :width].cpu()
-        payload = copied.tolist()
-        by_slot = dict(zip(slots, payload, strict=True))
+        # One copy of the requesting lanes' halves: chosen pair plus W alternative pairs. Its
+        # bytes are read in place: each lane unpacks only its emitted positions and, of each,
+        # only the pairs it asked for, one call a position.
+        copied = self.buffers.logprobs[frame, slots, :, :width].cpu().contiguous()
+        data = copied.numpy().tobytes()
+        position_bytes = 4 * width
+        lane_bytes = copied.shape[1] * position_bytes
+        first_byte = {slot: index * lane_bytes for index, slot in enumerate(slots)}
         logprobs: list[tuple[PositionLogprobs, ...] | None] = []
         for record in records:
-            lane_words = by_slot.get(record.slot)
-            if lane_words is None:
+            start = first_byte.get(record.slot)
+            if start is None:
                 logprobs.append(None)
                 continue
             pairs = requests.pairs[record.slot]
             logprobs.append(
-                tuple(unpack_position(lane_words[i], pairs) for i in range(len(record.tokens)))
+                tuple(
+                    unpack_position_bytes(data, start + i * position_bytes, pairs)
+                    for i in range(len(record.tokens))
+                )
             )
         return FrameResult(
             frame, records, tuple(logprobs), payload_bytes=copied.numel() * copied.element_size()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -11,7 +12,7 @@ from adapters.http.app import create_app
 from adapters.http.serving import ModelHolder
 from tests.integration.http.conftest import serve_tiny
 from tests.support.asgi_stream import stream_post
-from tests.support.sse import json_frames
+from tests.support.sse import data_frames, json_frames
 
 pytestmark = pytest.mark.model
 
@@ -189,6 +190,34 @@ def test_chat_stream_logprobs_concatenate_to_the_non_streamed_result(client, app
         if logprobs is not None:
             content += logprobs["content"]
     assert content == whole["choices"][0]["logprobs"]["content"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"prompt": "Hello there", "logprobs": 20}),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "Hi"}], "logprobs": True, "top_logprobs": 20},
+        ),
+    ],
+)
+def test_bodies_and_frames_are_compact_json_with_json_dumps_float_text(client, app, path, body):
+    request = {**body, "max_tokens": 6, "seed": 3, **LENGTH}
+
+    def written(value: object) -> str:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+    whole = client.simulate_post(path, json=request)
+    status, text = stream_post(app, path, json={**request, "stream": True})
+    assert (whole.status_code, status) == (200, 200), whole.text
+
+    # Parsing keeps key order and each float's value; writing it back with json.dumps gives
+    # the bytes only if every float was written as json.dumps writes it.
+    assert whole.text == written(whole.json)
+    frames = data_frames(text)
+    assert frames[-1] == "[DONE]"
+    assert all(frame == written(json.loads(frame)) for frame in frames[:-1])
 
 
 def test_requesting_logprobs_does_not_change_the_sampled_tokens(client):

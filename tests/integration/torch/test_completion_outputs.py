@@ -104,11 +104,49 @@ def test_read_decodes_only_requesting_lanes_and_never_stale_payload(backend):
 
     first, second, third = result.logprobs
     assert second is None
-    assert first[0].chosen.token_id == 4 and len(first[0].alternatives) == 20
+    assert first[0].chosen.token_id == 4 and len(first[0].alternatives) == 2
     assert [a.token_id for a in third[0].alternatives] == [3]
     expected = torch.log_softmax(logits[:, :VOCAB].double(), dim=-1)
     assert abs(first[0].chosen.logprob - expected[0, 4].item()) < 1e-5
     assert abs(third[0].alternatives[0].logprob - expected[2, 3].item()) < 1e-5
+
+
+def test_each_lane_decodes_the_alternatives_it_asked_for_from_the_same_wide_copy(backend):
+    outputs = CompletionOutputs(geometry(), torch.device("cpu"), backend)
+    works = [
+        lane(0, LogprobOptions(top_k=0)),
+        lane(1, LogprobOptions(top_k=5)),
+        lane(2, LogprobOptions(top_k=20)),
+    ]
+    outputs.upload(0, works)
+    logits = torch.randn(6, VOCAB)
+    chosen = [4, 5, 6, 7, 8, 9]
+    outputs.reduce(0, logits, list(range(6)), [0, 0, 1, 1, 2, 2], [0, 1] * 3, chosen)
+    outputs.commit(
+        0,
+        [
+            CompletionRecord(w.slot, 1, Role.SAMPLE, tuple(chosen[2 * w.slot : 2 * w.slot + 2]))
+            for w in works
+        ],
+    )
+
+    result = outputs.read(0)
+
+    expected = torch.log_softmax(logits.double(), dim=-1)
+    natural = expected.argsort(dim=-1, descending=True, stable=True)
+    for slot, asked in enumerate((0, 5, 20)):
+        for index, position in enumerate(result.logprobs[slot]):
+            row = 2 * slot + index
+            assert position.chosen.token_id == chosen[row]
+            assert position.alternative_ids == tuple(natural[row, :asked].tolist())
+            assert all(
+                abs(value - expected[row, token].item()) < 1e-5
+                for token, value in zip(
+                    position.alternative_ids, position.alternative_logprobs, strict=True
+                )
+            )
+    # The copy is the contract's: every requesting lane's T positions, W = K = 20 pairs wide.
+    assert result.payload_bytes == 3 * 8 * (2 + 2 * 20) * 4
 
 
 def test_a_frame_without_requesting_lanes_returns_no_payload(backend):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from domain.common.errors import LogprobDataError
 from domain.contract.records import CompletionRecord, Role
 from domain.emission.entries import Emitted, Part, PartMap, emission_keeps, part_keeps
 from domain.emission.entries import record_entries as entries_of
@@ -37,6 +38,24 @@ def test_a_records_forced_tokens_have_no_entries_whatever_the_echo():
 
     for echo in (False, True):
         assert entries_of(record, payload, echo=echo) == (position(5), None, position(7))
+
+
+def test_a_record_without_forced_tokens_keeps_every_entry_whatever_the_echo():
+    record = CompletionRecord(0, 0, Role.SAMPLE, (5, 6, 7))
+    payload = [position(5), position(6), position(7)]
+
+    for echo in (False, True):
+        assert entries_of(record, payload, echo=echo) == tuple(payload)
+
+
+@pytest.mark.parametrize("forced_mask", [0, 0b001])
+def test_a_payload_naming_another_token_than_the_record_fails_its_request(forced_mask):
+    record = CompletionRecord(3, 0, Role.SAMPLE, (5, 6), forced_mask=forced_mask)
+
+    with pytest.raises(LogprobDataError, match="slot 3: logprob payload names token 9 where"):
+        entries_of(record, [position(5), position(9)], echo=False)
+    with pytest.raises(LogprobDataError, match="2 emitted tokens"):
+        entries_of(record, [position(5)], echo=False)
 
 
 def test_a_token_takes_the_part_of_its_first_character_and_past_the_text_the_open_part():

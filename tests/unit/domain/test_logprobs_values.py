@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+import struct
 
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from domain.common.wire import ReprFloat
 from domain.logprobs.values import (
     FULL_POSITION_WORDS,
     LOGPROB_FLOOR,
@@ -21,7 +23,9 @@ from domain.logprobs.values import (
     float_to_bits,
     sort_key,
     unpack_position,
+    unpack_position_bytes,
     wire_logprob,
+    wire_logprobs,
 )
 from tests.support.packing import pack_position
 
@@ -144,12 +148,99 @@ def test_unpacking_reads_only_the_requested_pairs() -> None:
     assert unpack_position(words, 0).alternatives == ()
 
 
+def _frame_bytes(*positions: list[int]) -> bytes:
+    """Int32 words as a frame's host copy holds them: little-endian, back to back."""
+    words = [word for position in positions for word in position]
+    return struct.pack(f"<{len(words)}i", *words)
+
+
+@given(st.builds(TokenLogprob, token_ids, fp32), alternatives, st.integers(0, 8), st.data())
+def test_a_position_read_from_frame_bytes_equals_the_one_read_from_its_words(
+    chosen, alternatives, spare, data
+) -> None:
+    position = PositionLogprobs(chosen, tuple(alternatives))
+    width = min(len(alternatives) + spare, MAX_SELECTED_IDS)
+    words = pack_position(position, 2 + 2 * width)
+    pairs = data.draw(st.integers(0, width))
+    before = [7] * (2 + 2 * width)  # another lane's position first: offsets are honoured
+
+    read = unpack_position_bytes(_frame_bytes(before, words), 4 * len(before), pairs)
+
+    expected = unpack_position(words, pairs)
+    assert read == expected
+    assert read.alternatives == expected.alternatives
+    signs = [math.copysign(1.0, value) for value in read.alternative_logprobs]
+    assert signs == [math.copysign(1.0, a.logprob) for a in expected.alternatives]
+
+
+def test_a_position_read_from_bytes_keeps_minus_zero_tiny_and_minus_infinity_values() -> None:
+    values = [-0.0, -1.401298464324817e-45, -1.1920928955078125e-07, -math.inf]
+    chosen = TokenLogprob(3, -0.0)
+    words = pack_position(
+        PositionLogprobs(chosen, tuple(TokenLogprob(i, v) for i, v in enumerate(values))), 10
+    )
+
+    read = unpack_position_bytes(_frame_bytes(words), 0, 4)
+
+    assert read.alternative_logprobs == tuple(values)
+    assert [math.copysign(1.0, v) for v in read.alternative_logprobs] == [-1.0] * 4
+    assert math.copysign(1.0, read.chosen.logprob) == -1.0
+
+
+def test_a_position_read_from_bytes_stops_at_the_first_minus_one_id() -> None:
+    words = [5, float_to_bits(-1.0), 9, float_to_bits(-2.0), NO_TOKEN, 0, 4, float_to_bits(-3.0)]
+
+    read = unpack_position_bytes(_frame_bytes(words), 0, 3)
+
+    assert read == PositionLogprobs(TokenLogprob(5, -1.0), (TokenLogprob(9, -2.0),))
+    assert unpack_position_bytes(_frame_bytes(words), 0, 0).alternatives == ()
+
+
 @pytest.mark.parametrize(
     ("value", "wire"),
     [(-math.inf, LOGPROB_FLOOR), (-1e6, LOGPROB_FLOOR), (-9999.0, -9999.0), (-0.25, -0.25)],
 )
 def test_json_logprobs_never_go_below_the_vllm_floor(value, wire) -> None:
     assert wire_logprob(value) == wire
+
+
+@pytest.mark.parametrize(
+    ("value", "marked"),
+    [
+        (-1.1920928955078125e-07, True),
+        (-9.999999747378752e-05, True),
+        (-1.401298464324817e-45, True),
+        (-0.0001, False),
+        (-0.25, False),
+        (-0.0, False),
+        (0.0, False),
+        (-9999.0, False),
+        (-math.inf, False),
+    ],
+)
+def test_wire_values_repr_writes_in_exponent_form_are_marked_and_keep_their_value(
+    value, marked
+) -> None:
+    wire = wire_logprob(value)
+
+    assert isinstance(wire, ReprFloat) is marked
+    assert math.copysign(1.0, wire) == math.copysign(1.0, max(value, LOGPROB_FLOOR))
+    assert wire == max(value, LOGPROB_FLOOR)
+    assert repr(float(wire)) == repr(max(value, LOGPROB_FLOOR))
+
+
+@given(st.lists(st.integers(-(2**31), 2**31 - 1).map(bits_to_float), max_size=24))
+def test_wire_values_of_a_list_are_those_of_each_value(values) -> None:
+    values = [value for value in values if not math.isnan(value)]
+
+    wire = wire_logprobs(values)
+
+    expected = [wire_logprob(value) for value in values]
+    assert wire == expected
+    assert [type(value) for value in wire] == [type(value) for value in expected]
+    assert [math.copysign(1.0, value) for value in wire] == [
+        math.copysign(1.0, value) for value in expected
+    ]
 
 
 def test_options_carry_natural_pairs_or_the_selected_ids_instead() -> None:

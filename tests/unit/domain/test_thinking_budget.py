@@ -138,7 +138,8 @@ def test_forced_tokens_have_no_entries_and_the_sampled_ones_keep_theirs():
     sampled_at = [i for i in range(len(out)) if i not in forced_at]
     for index, entry in zip(sampled_at, entries, strict=True):
         context = [*PROMPT, *out[:index]]
-        expected = fake_position(context, out[index], entry_options(), 20, 64, thinker)
+        options = entry_options()
+        expected = fake_position(context, out[index], options, options.top_k, 64, thinker)
         assert entry.position == expected
 
 
