@@ -185,14 +185,22 @@ class CompletionOutputs:
             return FrameResult(frame, records)
         width = 2 + 2 * requests.width
         slots = list(requests.lanes)
-        # One copy of the requesting lanes' halves: chosen pair plus W alternative pairs. Its
-        # bytes are read in place: each lane unpacks only its emitted positions and, of each,
-        # only the pairs it asked for, one call a position.
-        copied = self.buffers.logprobs[frame, slots, :, :width].cpu().contiguous()
-        data = copied.numpy().tobytes()
-        position_bytes = 4 * width
-        lane_bytes = copied.shape[1] * position_bytes
-        first_byte = {slot: index * lane_bytes for index, slot in enumerate(slots)}
+        words = self.buffers.logprobs[frame]
+        tokens = words.shape[1]
+        if words.device.type == "cpu":
+            # Host memory already: read the frame in place. A gather here ran on torch's
+            # intra-op threads and cost milliseconds a step on a busy 2-core host.
+            data = words.numpy().data.cast("B")
+            position_bytes = 4 * words.shape[2]
+            first_byte = {slot: slot * tokens * position_bytes for slot in slots}
+        else:
+            # One copy of the requesting lanes' halves: chosen pair plus W alternative pairs.
+            copied = words[slots, :, :width].cpu().contiguous()
+            data = copied.numpy().data.cast("B")
+            position_bytes = 4 * width
+            first_byte = {slot: index * tokens * position_bytes for index, slot in enumerate(slots)}
+        # Each lane unpacks only its emitted positions and, of each, only the pairs it asked
+        # for, one call a position, straight from the bytes.
         logprobs: list[tuple[PositionLogprobs, ...] | None] = []
         for record in records:
             start = first_byte.get(record.slot)
@@ -207,7 +215,7 @@ class CompletionOutputs:
                 )
             )
         return FrameResult(
-            frame, records, tuple(logprobs), payload_bytes=copied.numel() * copied.element_size()
+            frame, records, tuple(logprobs), payload_bytes=4 * len(slots) * tokens * width
         )
 
 
