@@ -19,6 +19,8 @@
 #define any CAT(any, SUFFIX)
 #define floor_small CAT(floor_small, SUFFIX)
 #define fp32_exp CAT(fp32_exp, SUFFIX)
+#define exp_steps CAT(exp_steps, SUFFIX)
+#define fp32_exp_nonpositive CAT(fp32_exp_nonpositive, SUFFIX)
 #define fp32_log CAT(fp32_log, SUFFIX)
 #define tile_statistic CAT(tile_statistic, SUFFIX)
 #define combine_row CAT(combine_row, SUFFIX)
@@ -59,12 +61,8 @@ INLINE vf floor_small(vf x) {
     return pick(t > x, t - 1.0f, t);
 }
 
-/* normalizer.fp32_exp, step for step. */
-INLINE vf fp32_exp(vf x) {
-    vi nan = x != x;
-    vf finite = pick(nan, splat(0.0f), x);
-    finite = pick(finite < EXP_LOW, splat(EXP_LOW), finite);
-    finite = pick(finite > EXP_HIGH, splat(EXP_HIGH), finite);
+/* The polynomial steps of normalizer.fp32_exp for `finite` already in [EXP_LOW, EXP_HIGH]. */
+INLINE vf exp_steps(vf finite) {
     vf n = finite * LOG2E;
     n = floor_small(n + 0.5f);
     vf r = finite - n * LN2_HIGH;
@@ -78,10 +76,26 @@ INLINE vf fp32_exp(vf x) {
     poly = poly + r;
     poly = poly + 1.0f;
     vi exponent = (__builtin_convertvector(n, vi) + 127) * (1 << 23);
-    vf result = poly * (vf)exponent;
+    return poly * (vf)exponent;
+}
+
+/* normalizer.fp32_exp, step for step. */
+INLINE vf fp32_exp(vf x) {
+    vi nan = x != x;
+    vf finite = pick(nan, splat(0.0f), x);
+    finite = pick(finite < EXP_LOW, splat(EXP_LOW), finite);
+    finite = pick(finite > EXP_HIGH, splat(EXP_HIGH), finite);
+    vf result = exp_steps(finite);
     result = pick(x < EXP_LOW, splat(0.0f), result);
     result = pick(x > EXP_HIGH, splat(INFINITY), result);
     return pick(nan, x, result);
+}
+
+/* fp32_exp of x <= 0 (-inf included): no NaN, no upper clamp and no overflow to mask, so the
+ * same bits from fewer operations. */
+INLINE vf fp32_exp_nonpositive(vf x) {
+    vi low = x < EXP_LOW;
+    return pick(low, splat(0.0f), exp_steps(pick(low, splat(EXP_LOW), x)));
 }
 
 /* normalizer.fp32_log, step for step. */
@@ -127,7 +141,12 @@ INLINE int tile_statistic(const float *x, int64_t lanes, float *peak_out, float 
     for (int i = 1; i < WIDTH; i++) peak = top[i] > peak ? top[i] : peak;
     if (peak == 0.0f && mixed_zeros(x, lanes)) return 1;
     float shift = finite_or_zero(peak);
-    for (int64_t i = 0; i < whole; i += WIDTH) store(tree + i, fp32_exp(load(x + i) - shift));
+    if (shift == peak) { /* a finite maximum: every x - shift is <= 0 */
+        for (int64_t i = 0; i < whole; i += WIDTH)
+            store(tree + i, fp32_exp_nonpositive(load(x + i) - shift));
+    } else {
+        for (int64_t i = 0; i < whole; i += WIDTH) store(tree + i, fp32_exp(load(x + i) - shift));
+    }
     int64_t filled = whole;
     if (lanes > whole) {
         store(tree + whole, fp32_exp(tail - shift));
@@ -283,6 +302,8 @@ static void CAT(count_greater, SUFFIX)(const float *rows, int64_t count, int64_t
 #undef any
 #undef floor_small
 #undef fp32_exp
+#undef exp_steps
+#undef fp32_exp_nonpositive
 #undef fp32_log
 #undef tile_statistic
 #undef combine_row
