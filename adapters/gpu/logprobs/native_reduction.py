@@ -1,10 +1,11 @@
 """The compiled CPU reduction (native/reduction.c) through ctypes, when `make` has built it.
 
 PERF: the torch recipe of normalizer.py makes two dozen passes over every row (the exp
-polynomial is one torch operation a step) and combines tiles in a Python loop; on the 2-core
-dev box that is ~0.9 ms per 49,152-entry row. The C file fuses each tile's passes into one
-(~0.03 ms a row) with the same FP32 operations in the same order. Vectorized torch cannot
-get there: at one pass per operation its floor is ~0.4 ms a row (docs/performance.md).
+polynomial is one torch operation a step) and combines tiles in a Python loop of one torch add
+per tile: ~0.9 ms per 49,152-entry row on the 2-core dev box. The C file makes one pass per
+tile with the same FP32 operations in the same order: ~0.04 ms a row. Torch cannot fuse the
+passes on the CPU, and at one pass per operation the tile statistics alone stay above 0.1 ms a
+row; docs/performance.md has the measurements and the choice of ctypes.
 
 Each function here returns None where the caller must use the torch recipe instead: the
 library is missing or switched off (HELIOS_NATIVE_REDUCTION=0), the tensors are not CPU FP32
