@@ -34,12 +34,12 @@ def library() -> ctypes.CDLL | None:
     if os.environ.get(SWITCH, "1") == "0" or not LIBRARY.is_file():
         return None
     loaded = ctypes.CDLL(str(LIBRARY))  # a CDLL call releases the GIL while it runs
-    pointers_then = [_POINTER, _INT64, _INT64, _INT64]
-    loaded.helios_tile_statistics.argtypes = [*pointers_then, _POINTER, _POINTER]
+    # Each kernel's leading arguments: rows, row count, lanes a row, row stride.
+    loaded.helios_tile_statistics.argtypes = [_POINTER, _INT64, _INT64, _INT64, _POINTER, _POINTER]
     loaded.helios_combine_tiles.argtypes = [_POINTER, _POINTER, _INT64, _INT64, _POINTER]
-    loaded.helios_log_normalizer.argtypes = [*pointers_then, _POINTER]
-    loaded.helios_top_keys.argtypes = [*pointers_then, _INT64, _POINTER]
-    loaded.helios_count_greater.argtypes = [*pointers_then, _POINTER, _POINTER]
+    loaded.helios_log_normalizer.argtypes = [_POINTER, _INT64, _INT64, _INT64, _POINTER]
+    loaded.helios_top_keys.argtypes = [_POINTER, _INT64, _INT64, _INT64, _INT64, _POINTER]
+    loaded.helios_count_greater.argtypes = [_POINTER, _INT64, _INT64, _INT64, _POINTER, _POINTER]
     loaded.helios_vector_width.argtypes = [ctypes.c_int]
     for name in ("tile_statistics", "combine_tiles", "log_normalizer", "top_keys", "vector_width"):
         getattr(loaded, f"helios_{name}").restype = ctypes.c_int
