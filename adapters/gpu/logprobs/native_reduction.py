@@ -95,9 +95,12 @@ def log_normalizer(rows: torch.Tensor, tile: int) -> torch.Tensor | None:
 def combine_tiles(peaks: torch.Tensor, masses: torch.Tensor) -> torch.Tensor | None:
     """normalizer.combine_tiles: the log normalizer [n] from tile statistics [n, tiles]."""
     native = library()
-    if native is None or not (_rows(peaks) and _rows(masses)) or peaks.shape != masses.shape:
+    if native is None or peaks.device.type != "cpu" or peaks.shape != masses.shape:
         return None
+    # Exchanged statistics arrive interleaved (peak, mass); a copy of a few tiles is cheap.
     peaks, masses = peaks.contiguous(), masses.contiguous()
+    if not (_rows(peaks) and _rows(masses)):
+        return None
     count, tiles = peaks.shape
     normalizers = peaks.new_empty(count)
     if count:

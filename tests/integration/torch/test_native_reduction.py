@@ -172,6 +172,11 @@ def test_strided_rows_and_a_single_lane_vocabulary_read_only_their_own_lanes(wid
     values = (block * 0.5)[1:4, 100:8100]
     assert native_reduction.top_sort_keys(values, 20) is not None
     assert_same_bits(top_sort_keys(values, 20), torch_top_sort_keys(values, 20))
+    # Statistics as the vocabulary-parallel reducers exchange them: (peak, mass) interleaved.
+    pairs = torch.stack(torch_tile_statistics(rows), dim=2)
+    combined = native_reduction.combine_tiles(pairs[:, :, 0], pairs[:, :, 1])
+    assert combined is not None
+    assert_same_bits(combined, torch_combine_tiles(pairs[:, :, 0], pairs[:, :, 1]))
     single = torch.tensor([[3.5], [-math.inf], [0.0], [-0.0], [math.inf]])
     normalizer = torch_combine_tiles(*torch_tile_statistics(single))
     assert_same_bits(log_normalizer(single), normalizer)
