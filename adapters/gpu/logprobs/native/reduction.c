@@ -26,7 +26,8 @@
 #define INLINE static inline __attribute__((always_inline))
 #define EXPORT __attribute__((visibility("default")))
 
-/* The reference's Python constants, rounded to FP32 as torch rounds a scalar operand. */
+/* normalizer.py's constants, rounded to FP32 as torch rounds a scalar operand; the bit tests
+ * (tests/integration/torch/test_native_reduction.py) fail if the two copies drift apart. */
 #define EXP_LOW (-86.0f)
 #define EXP_HIGH 88.0f
 #define LOG2E ((float)1.4426950408889634)
