@@ -14,9 +14,22 @@ STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := test
 .DELETE_ON_ERROR:
-.PHONY: venv test test-fast test-matrix lint serve bench clean distclean
+.PHONY: venv native test test-fast test-matrix lint serve bench clean distclean
 
-venv: $(STAMP)
+venv: $(STAMP) native
+
+# The exact CPU logprob reduction in C (adapters/gpu/logprobs/native_reduction.py loads it and
+# falls back to the torch recipe without it). No contraction and no fast math: a fused
+# multiply-add rounds once where the reference rounds twice, and fast math reorders sums.
+NATIVE_SRC := adapters/gpu/logprobs/native/reduction.c adapters/gpu/logprobs/native/reduction_kernels.h
+NATIVE_LIB := adapters/gpu/logprobs/native/libhelios_reduction.so
+NATIVE_FLAGS := -O2 -ffp-contract=off -fno-fast-math -std=c11 -fPIC -shared -fvisibility=hidden \
+	-Wall -Wextra -Wno-psabi
+
+native: $(NATIVE_LIB)
+
+$(NATIVE_LIB): $(NATIVE_SRC)
+	$(CC) $(NATIVE_FLAGS) -o $@ $(filter %.c,$^)
 
 # One resolver run over the whole lock keeps pip from pulling a CUDA torch onto a CPU machine;
 # the test weights and helios itself follow with --no-deps so nothing is re-resolved, and helios
@@ -56,6 +69,7 @@ bench: venv
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .hypothesis .import_linter_cache
+	rm -f $(NATIVE_LIB)
 	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +
 
 distclean: clean

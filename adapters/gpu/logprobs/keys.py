@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from adapters.gpu.logprobs import native_reduction
 from domain.logprobs.prompt_scores import INVALID_BITS
 
 # The numbers below are plain Python ints, so the Triton kernels wrap these very values in
@@ -40,7 +41,14 @@ def top_sort_keys(values: torch.Tensor, k: int) -> torch.Tensor:
     PERF: keys are built only for the best k + 8 values by float order. That set holds every
     value >= the k-th one unless the value at its end still equals the k-th (ties run past
     it); such rows fall back to keys over the whole row. The result is the same either way.
+    CPU rows go through the compiled kernel when it is built (`native_reduction`).
     """
+    fast = native_reduction.top_sort_keys(values, k)
+    return fast if fast is not None else torch_top_sort_keys(values, k)
+
+
+def torch_top_sort_keys(values: torch.Tensor, k: int) -> torch.Tensor:
+    """`top_sort_keys` by torch operations, on every device."""
     width = values.shape[1]
     candidates = min(width, k + _SPARE_CANDIDATES)
     best, best_ids = torch.topk(values, candidates, dim=1)
@@ -53,3 +61,14 @@ def top_sort_keys(values: torch.Tensor, k: int) -> torch.Tensor:
         full = order_keys(values.index_select(0, crowded), ids)
         keys[crowded] = torch.topk(full, k, dim=1).values
     return keys
+
+
+def greater_counts(values: torch.Tensor, pivots: torch.Tensor) -> torch.Tensor:
+    """int32 [n]: how many lanes of each row of FP32 `values` [n, V] exceed its pivot [n].
+
+    Equal values never count, nor does NaN on either side.
+    """
+    fast = native_reduction.count_greater(values, pivots)
+    if fast is not None:
+        return fast
+    return (values > pivots[:, None]).sum(dim=1, dtype=torch.int32)

@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from adapters.gpu.logprobs import native_reduction
+
 # The normalization is a fixed sequence of FP32 operations that the Triton reducer repeats one
 # for one, so both produce the same bits: per-tile maxima and pairwise exponential sums, tiles
 # combined in order, and exp/log built from FP32 multiplies and adds only, since library exp
@@ -86,8 +88,15 @@ def tile_statistics(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     Returns peaks and masses [n, ceil(V / LSE_TILE)]: each mass is the pairwise-tree sum of
     exp(x - shift), shift being the tile maximum or 0 where that is infinite. A short last tile
     is padded with -inf, which adds nothing. Each tile depends on its own lanes only, so a
-    vocabulary shard starting on a tile boundary gets the same bits as the whole row.
+    vocabulary shard starting on a tile boundary gets the same bits as the whole row. CPU rows
+    go through the compiled kernel when it is built (`native_reduction`), with the same bits.
     """
+    fast = native_reduction.tile_statistics(rows, LSE_TILE)
+    return fast if fast is not None else torch_tile_statistics(rows)
+
+
+def torch_tile_statistics(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`tile_statistics` by torch operations: the recipe itself, on every device."""
     count, vocab = rows.shape
     group = max(1, _CPU_GROUP_LANES // max(vocab, 1))
     if rows.device.type != "cpu" or count <= group:
@@ -128,6 +137,12 @@ def _rescaled_total(peaks: torch.Tensor, masses: torch.Tensor, shift: torch.Tens
 
 def combine_tiles(peaks: torch.Tensor, masses: torch.Tensor) -> torch.Tensor:
     """The FP32 log normalizer [n] from tile statistics [n, tiles >= 1] in global tile order."""
+    fast = native_reduction.combine_tiles(peaks, masses)
+    return fast if fast is not None else torch_combine_tiles(peaks, masses)
+
+
+def torch_combine_tiles(peaks: torch.Tensor, masses: torch.Tensor) -> torch.Tensor:
+    """`combine_tiles` by torch operations: the recipe itself, on every device."""
     shift = _finite_or_zero(peaks.amax(dim=1))
     return shift + fp32_log(_rescaled_total(peaks, masses, shift))
 
@@ -158,4 +173,5 @@ def group_tiles(
 
 def log_normalizer(rows: torch.Tensor) -> torch.Tensor:
     """FP32 log-sum-exp of each row by the shared tiled recipe; an all -inf row gives -inf."""
-    return combine_tiles(*tile_statistics(rows))
+    fast = native_reduction.log_normalizer(rows, LSE_TILE)
+    return fast if fast is not None else torch_combine_tiles(*torch_tile_statistics(rows))

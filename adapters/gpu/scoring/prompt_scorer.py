@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import torch
 
-from adapters.gpu.logprobs.keys import key_token_ids, top_sort_keys
-from adapters.gpu.logprobs.normalizer import combine_tiles, tile_statistics
+from adapters.gpu.logprobs.keys import greater_counts, key_token_ids, top_sort_keys
+from adapters.gpu.logprobs.normalizer import log_normalizer
 from domain.logprobs.prompt_scores import INVALID_BITS, PROMPT_ROW_WORDS
 from domain.logprobs.values import NATURAL_TOP_K, NO_TOKEN
 
@@ -103,7 +103,7 @@ class PromptScorer(BlockScorer):
 
     def _block_of(self, logits: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
         """FP32 logit - lse over the real vocabulary, written into `pooled` in one pass."""
-        normalizer = combine_tiles(*tile_statistics(logits))
+        normalizer = log_normalizer(logits)
         return torch.sub(logits, normalizer[:, None], out=pooled)
 
     def _rows(self, values: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -112,7 +112,7 @@ class PromptScorer(BlockScorer):
         safe = torch.where(valid, targets, torch.zeros_like(targets))
         actual = values.gather(1, safe[:, None])
         # Equal reported values (including ties made by subtracting lse) never count as greater.
-        rank = (values > actual).sum(dim=1).add_(1).to(torch.int32)
+        rank = greater_counts(values, actual[:, 0]).add_(1)
         pair_ids, pair_bits = self._alternatives(values)
         bits = actual.squeeze(1).view(torch.int32)
         return pack_prompt_rows(valid, targets, bits, rank, pair_ids, pair_bits)

@@ -6,7 +6,14 @@ import torch
 
 from adapters.gpu.distributed.collectives import Collectives
 from adapters.gpu.distributed.shards import VocabShard
-from adapters.gpu.logprobs.keys import NAN_BITS, NO_KEY, key_token_ids, order_keys, top_sort_keys
+from adapters.gpu.logprobs.keys import (
+    NAN_BITS,
+    NO_KEY,
+    greater_counts,
+    key_token_ids,
+    order_keys,
+    top_sort_keys,
+)
 from adapters.gpu.logprobs.normalizer import combine_tiles, group_tiles, tile_statistics
 from adapters.gpu.scoring.prompt_scorer import BlockScorer, pack_prompt_rows
 from domain.logprobs.values import NATURAL_TOP_K, NO_TOKEN
@@ -146,7 +153,7 @@ class VocabParallelPromptScorer(BlockScorer):
         rows, width = values.shape
         words = self._words(rows, values.device)
         # Equal values (ties made by subtracting lse included) never count as greater.
-        words[:, _COUNT_WORD] = (values > actual[:, None]).sum(dim=1, dtype=torch.int32)
+        words[:, _COUNT_WORD] = greater_counts(values, actual)
         ids = torch.full((rows, NATURAL_TOP_K), NO_TOKEN, device=values.device)
         bits = torch.zeros(rows, NATURAL_TOP_K, dtype=torch.int32, device=values.device)
         best = min(NATURAL_TOP_K, width)
