@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections import Counter
 
 import pytest
 from hypothesis import settings
@@ -42,6 +43,7 @@ def _cuda_unavailable_reason() -> str | None:
 # trylast: run after `-m` deselection, so a `-m "not gpu"` run never imports torch here.
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _give_each_item_its_own_id(items)
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:
         # Importing torch costs seconds; runs without gpu tests never pay it.
@@ -52,3 +54,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason=reason)
     for item in gpu_items:
         item.add_marker(skip)
+
+
+def _give_each_item_its_own_id(items: list[pytest.Item]) -> None:
+    """Schemathesis IDs every operation's item after the test function alone; xdist's
+    `--dist loadfile` keys work by node ID, so nine of ten operations silently never ran. Each
+    such item gets its name (which holds the operation) in its ID, as pytest would give it, and
+    any other ID collected twice stops the run."""
+    for item in items:
+        if getattr(item, "operation_label", None) is not None and item.parent is not None:
+            # pytest 9 keeps the ID structured in `_id`; the parent's ID plus the item's name
+            # is how pytest itself builds one.
+            item._id = item.parent.id.child(item.name)
+    counts = Counter(item.nodeid for item in items)
+    repeated = sorted(nodeid for nodeid, count in counts.items() if count > 1)
+    if repeated:
+        raise pytest.UsageError(f"test IDs collected more than once: {repeated}")
