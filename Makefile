@@ -48,9 +48,11 @@ lint: venv
 	$(BIN)/mypy
 
 # One worker takes a whole file: a module's fixtures (a SmolLM2 server, a gloo world) start
-# once, where `load` spread a module over both workers and each started its own.
+# once, where `load` spread a module over both workers and each started its own. Files go out
+# in collection order (the heavy end-to-end modules first, the many small unit files last to
+# even out the end), not xdist's default of files with the most tests first.
 test: lint
-	$(BIN)/pytest -n auto --dist loadfile -m "not gpu"
+	$(BIN)/pytest -n auto --dist loadfile --no-loadscope-reorder -m "not gpu"
 
 # The inner loop: the domain's unit tests, the layering and the contracts that need no model.
 test-fast: venv
