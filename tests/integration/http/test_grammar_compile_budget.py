@@ -102,13 +102,22 @@ def test_a_running_stream_keeps_its_pace_while_a_slow_grammar_compiles(app):
 
     alone, during, compile_s, answer = asyncio.run(scenario())
 
+    # A compile that held the event loop (or the GIL) would stall the streams: in one gap as
+    # long as the compile, or in many long gaps if it let go now and then. On a 2-core CI box
+    # the other xdist worker may also starve this process once (765 ms seen), so one long gap
+    # is allowed as long as it is far shorter than the compile.
     normal = max(alone)
-    assert max(during) <= normal + 0.1, (
-        f"worst gap {max(during) * 1e3:.0f} ms while compiling; alone at most {normal * 1e3:.0f} ms"
+    stalled = [gap for gap in during if gap > normal + 0.1]
+    assert len(stalled) <= 1, (
+        f"{len(stalled)} gaps over {(normal + 0.1) * 1e3:.0f} ms while compiling "
+        f"(alone at most {normal * 1e3:.0f} ms): {[round(gap * 1e3) for gap in stalled]}"
     )
     # The compile either finishes within its 5 s budget or is refused when that runs out.
     compiled = answer.get("choices", [{}])[0].get("text") == "ab"
     assert compiled or "did not compile within 5 s" in answer["error"]["message"], answer
     # About 1 s on a quiet 2-core box (0.85 s seen), seconds under load: many times a gap.
     assert compile_s >= 0.5, f"the compile took only {compile_s:.2f} s"
+    assert max(during) < compile_s / 2, (
+        f"a {max(during):.2f} s gap during a {compile_s:.2f} s compile: the compile stalled them"
+    )
     assert len(during) >= 50, f"only {len(during)} gaps were measured during the compile"
