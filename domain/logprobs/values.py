@@ -53,7 +53,8 @@ class PositionLogprobs:
     """One emitted position: the chosen token and the alternatives in reported order.
 
     The alternatives are kept as two parallel tuples, their IDs and their values, read from a
-    frame in one call (`unpack_position`); `alternatives` builds their `TokenLogprob`s on demand.
+    frame in one call (`unpack_position_bytes`); `alternatives` builds their `TokenLogprob`s
+    on demand.
     """
 
     chosen: TokenLogprob
@@ -93,12 +94,6 @@ def unpack_pairs(words: Sequence[int], first: int, pairs: int) -> tuple[TokenLog
     return tuple(found)
 
 
-def unpack_position(words: Sequence[int], pairs: int) -> PositionLogprobs:
-    """Reads the chosen pair and up to `pairs` alternatives, stopping at the first -1 ID."""
-    chosen = TokenLogprob(words[0], bits_to_float(words[1]))
-    return PositionLogprobs(chosen, unpack_pairs(words, 2, pairs))
-
-
 @functools.cache
 def _position_layout(pairs: int) -> struct.Struct:
     """A position's first 1 + `pairs` (int32 ID, FP32 value) pairs, little-endian."""
@@ -106,9 +101,9 @@ def _position_layout(pairs: int) -> struct.Struct:
 
 
 def unpack_position_bytes(buffer: bytes | memoryview, offset: int, pairs: int) -> PositionLogprobs:
-    """`unpack_position` over the position's int32 words in raw little-endian bytes, from byte
-    `offset`: one unpack call for the chosen pair and the `pairs` alternatives a lane asked
-    for, the values widened from FP32 exactly as `bits_to_float` widens them."""
+    """One position from its int32 words in raw little-endian bytes, from byte `offset`: the
+    chosen pair and up to `pairs` alternatives, stopping at the first -1 ID, in one unpack call;
+    values are widened from FP32 exactly as `bits_to_float` widens them."""
     words = _position_layout(pairs).unpack_from(buffer, offset)
     return PositionLogprobs.of_pairs(TokenLogprob(words[0], words[1]), words[2:])
 

@@ -22,7 +22,6 @@ from domain.logprobs.values import (
     bits_to_float,
     float_to_bits,
     sort_key,
-    unpack_position,
     unpack_position_bytes,
     wire_logprob,
     wire_logprobs,
@@ -102,6 +101,17 @@ def test_keys_order_a_mixed_list_like_value_then_id() -> None:
     ]
 
 
+def _frame_bytes(*positions: list[int]) -> bytes:
+    """Int32 words as a frame's host copy holds them: little-endian, back to back."""
+    words = [word for position in positions for word in position]
+    return struct.pack(f"<{len(words)}i", *words)
+
+
+def unpack_position(words: list[int], pairs: int) -> PositionLogprobs:
+    """A position read from its words laid out as frame bytes, at offset 0."""
+    return unpack_position_bytes(_frame_bytes(words), 0, pairs)
+
+
 alternatives = st.lists(st.builds(TokenLogprob, token_ids, fp32), max_size=MAX_SELECTED_IDS)
 
 
@@ -148,12 +158,6 @@ def test_unpacking_reads_only_the_requested_pairs() -> None:
     assert unpack_position(words, 0).alternatives == ()
 
 
-def _frame_bytes(*positions: list[int]) -> bytes:
-    """Int32 words as a frame's host copy holds them: little-endian, back to back."""
-    words = [word for position in positions for word in position]
-    return struct.pack(f"<{len(words)}i", *words)
-
-
 @given(st.builds(TokenLogprob, token_ids, fp32), alternatives, st.integers(0, 8), st.data())
 def test_a_position_read_from_frame_bytes_equals_the_one_read_from_its_words(
     chosen, alternatives, spare, data
@@ -166,7 +170,7 @@ def test_a_position_read_from_frame_bytes_equals_the_one_read_from_its_words(
 
     read = unpack_position_bytes(_frame_bytes(before, words), 4 * len(before), pairs)
 
-    expected = unpack_position(words, pairs)
+    expected = PositionLogprobs(chosen, tuple(alternatives[:pairs]))
     assert read == expected
     assert read.alternatives == expected.alternatives
     signs = [math.copysign(1.0, value) for value in read.alternative_logprobs]
