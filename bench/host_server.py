@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from simulated_executor import TEXT, SimulatedExecutor  # noqa: E402
 
 from adapters.cli.bootstrap import DEFAULT_MODEL_NAME  # noqa: E402
+from adapters.cli.engine_thread import EngineLoop  # noqa: E402
 from adapters.cli.serve_config import ServeConfig  # noqa: E402
 from adapters.core.export import CoreSizes, resolve_core  # noqa: E402
 from adapters.core.manifest import LoadedCore  # noqa: E402
@@ -35,7 +36,7 @@ from adapters.tokenizer.hf import HfTokenizer  # noqa: E402
 from domain.cache.blocks import blocks_needed  # noqa: E402
 from domain.contract.geometry import ExecutorGeometry  # noqa: E402
 from domain.contract.records import resolve_token_capacity  # noqa: E402
-from domain.engine.engine import Engine, EngineConfig, EngineLoop  # noqa: E402
+from domain.engine.engine import Engine, EngineConfig  # noqa: E402
 
 BLOCK_SIZE = 16
 

@@ -25,6 +25,7 @@ from domain.contract.records import CompletionRecord
 from domain.engine.commit import commit_round
 from domain.engine.step import SlotWork, StepPlan
 from domain.logprobs.values import float_to_bits
+from domain.overlap.pending import resolve_pending
 
 # What every lane "generates": this text's tokens, from an offset its seed picks, one position
 # after another. Real English keeps the detokenizer and the token strings realistic.
@@ -119,6 +120,7 @@ class SimulatedExecutor:
         self._top_k = geometry.logprobs.top_k
         self._words = _position_words(self._text, self._top_k)
         self._next_frame = 0
+        self._previous: tuple[CompletionRecord, ...] = ()
         self.tally = BookkeepingTally()
 
     @property
@@ -129,6 +131,7 @@ class SimulatedExecutor:
         cpu = self._cpu_clock()
         frame = self._next_frame
         self._next_frame ^= 1
+        plan = resolve_pending(plan, self._previous)
         if plan.scored:
             raise ValueError("the simulated executor scores no prompts")
         for work in plan.works:
@@ -144,6 +147,7 @@ class SimulatedExecutor:
         if self._step_s:
             self._sleep(self._step_s)
         records, rows = self._commit(plan)
+        self._previous = tuple(records)
         self._outputs.commit(frame, records)
         requesting = [row for row in rows if row[0].sampling.logprobs is not None]
         if requesting:

@@ -28,6 +28,7 @@ from domain.logprobs.values import (
     float_to_bits,
     sort_key,
 )
+from domain.overlap.pending import resolve_pending
 from domain.speculation.verdict import speculative_verdict
 from domain.structured.catch_up import grammar_catch_up
 from domain.structured.grammar import GrammarKind, GrammarSpec
@@ -141,6 +142,7 @@ class FakeExecutor:
         self._tables: dict[int, tuple[int, ...]] = {}
         self._frames: list[FrameResult] = [FrameResult(0, ()), FrameResult(1, ())]
         self._next = 0
+        self._previous: tuple[CompletionRecord, ...] = ()
         self._eos_after = eos_after
         self.plans: list[StepPlan] = []
         # (slot, position) of every forced token it emitted, for tests of the thinking budget.
@@ -148,6 +150,7 @@ class FakeExecutor:
 
     def submit(self, plan: StepPlan) -> int:
         self.plans.append(plan)
+        plan = resolve_pending(plan, self._previous)
         frame = self._next
         self._next ^= 1
         records: list[CompletionRecord] = []
@@ -173,6 +176,7 @@ class FakeExecutor:
             records.append(record)
             payloads.append(self._payload(work, context, record) if record.emits else None)
         self._check_blocks(plan)
+        self._previous = tuple(records)
         positions = sum(len(payload) for payload in payloads if payload is not None)
         rows = sum(len(lane) for lane in scores)  # every fed row is copied, scored or not
         self._frames[frame] = FrameResult(

@@ -13,11 +13,12 @@ import threading
 import falcon.asgi
 
 from adapters.cli import bootstrap
+from adapters.cli.engine_thread import EngineLoop
 from adapters.cli.serve_config import ServeConfig
 from adapters.http.app import create_app as create_http_app
 from adapters.http.serving import HttpSettings, ModelHolder, ServedModel
 from adapters.metrics.prometheus import PrometheusMetrics
-from domain.engine.engine import EngineConfig, EngineLoop
+from domain.engine.engine import EngineConfig
 from ports.metrics import EngineObserver
 
 _log = logging.getLogger(__name__)

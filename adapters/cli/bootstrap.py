@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from adapters.core.export import CoreSizes, resolve_core
+from adapters.gpu.background_executor import BackgroundExecutor
 from adapters.gpu.distributed.launch import ParallelLaunch, start_world
 from adapters.gpu.factory import ExecutorRecipe, RunnerSettings
 from adapters.gpu.loading.default_model import resolve_model_dir
@@ -14,6 +15,7 @@ from adapters.grammar.llguidance_compiler import LlguidanceCompiler
 from adapters.tokenizer.hf import HfTokenizer
 from domain.engine.engine import Engine, EngineConfig
 from domain.speculation.drafts import SpeculativeConfig
+from ports.executor import ModelExecutor
 from ports.metrics import EngineObserver
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -69,13 +71,14 @@ def load(
     # One compiler (and so one grammar cache) for the admission check and rank 0's executor.
     grammars = LlguidanceCompiler(tokenizer)
     if runner.tensor_parallel_size == 1:
-        executor = recipe.build(grammars=grammars)
+        executor = _overlapped(recipe.build(grammars=grammars), config)
         engine = Engine(executor, tokenizer, config, observer=observer, grammars=grammars)
         return LoadedModel(engine, tokenizer, name, model_dir)
     world = start_world(
         replace(recipe, structured_outputs=True), parallel, on_failure=on_failure, grammars=grammars
     )
-    engine = Engine(world.executor, tokenizer, config, observer=observer, grammars=grammars)
+    executor = _overlapped(world.executor, config)
+    engine = Engine(executor, tokenizer, config, observer=observer, grammars=grammars)
     return LoadedModel(
         engine,
         tokenizer,
@@ -84,6 +87,12 @@ def load(
         failure=lambda: world.executor.failure,
         close=world.close,
     )
+
+
+def _overlapped(executor: ModelExecutor, config: EngineConfig) -> ModelExecutor:
+    """Under async scheduling the executor runs each step on its own thread, so that the engine
+    plans the next step and emits the last one meanwhile."""
+    return BackgroundExecutor(executor) if config.async_scheduling else executor
 
 
 def _draft_dir(speculative: SpeculativeConfig | None, tokenizer: HfTokenizer) -> Path | None:

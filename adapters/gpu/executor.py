@@ -31,6 +31,7 @@ from domain.contract.records import CompletionRecord, Finish
 from domain.engine.commit import commit_round
 from domain.engine.step import SlotWork, StepPlan
 from domain.logprobs.prompt_scores import PROMPT_ROW_WORDS
+from domain.overlap.pending import resolve_pending
 from domain.speculation.verdict import speculative_verdict
 from ports.grammar import MaskingCompiler
 
@@ -130,6 +131,8 @@ class TorchExecutor:
         self._next_frame = 0
         # Per frame: the lanes its submission retired.
         self._failures: list[tuple[LaneFailure, ...]] = [(), ()]
+        # The previous submission's records: a plan made ahead feeds their tokens.
+        self._previous: tuple[CompletionRecord, ...] = ()
 
     @property
     def geometry(self) -> ExecutorGeometry:
@@ -138,6 +141,7 @@ class TorchExecutor:
     def submit(self, plan: StepPlan) -> int:
         frame = self._next_frame
         self._next_frame ^= 1
+        plan, self._previous = resolve_pending(plan, self._previous), ()
         if plan.scored and self._scores is None:
             raise ValueError("a scored plan needs an executor prepared with scored capacities")
         for work in plan.works:
@@ -149,6 +153,7 @@ class TorchExecutor:
         with torch.inference_mode():
             sampled, failed = self._forward(frame, plan)
             records = self._commit(frame, plan, sampled, failed)
+            self._previous = tuple(records)
             if sampled is not None:
                 self._reduce(frame, plan, sampled, records)
         return frame

@@ -113,8 +113,10 @@ class AdmittedRequests:
             if owner is not None:
                 self._tally.scheduled(owner[1].timelines[owner[0].index])
 
-    def fail_plan(self, plan: StepPlan, message: str) -> None:
-        """Fails every request with a lane in a step that failed as a whole."""
+    def fail_plan(self, plan: StepPlan, error: Exception) -> None:
+        """Fails every request with a lane in a step that failed as a whole (logs the error)."""
+        _log.exception("step failed")
+        message = f"the model step failed: {error}"
         owners = (self._owner(work.slot) for work in plan.works)
         for entry in {owner[1] for owner in owners if owner is not None}:
             self._end(entry, "error", message)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import deque
@@ -14,6 +13,7 @@ from domain.common.errors import OverloadedError
 from domain.emission.channel import OutputChannel
 from domain.engine.admitted import AdmittedRequests
 from domain.engine.scheduler import Scheduler, SchedulerConfig
+from domain.engine.step import StepPlan
 from domain.requests.engine_request import CheckedRequest, EngineRequest
 from domain.speculation.drafts import SpeculativeConfig
 from domain.telemetry.step_tally import StepTally
@@ -23,8 +23,6 @@ if TYPE_CHECKING:  # the domain drives ports but never needs them at run time
     from ports.grammar import GrammarCompiler
     from ports.metrics import EngineObserver
     from ports.tokenizer import Tokenizer
-
-_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,13 +35,18 @@ class EngineConfig:
     channel_capacity: int = 64
     max_logprobs: int = 20
     speculative: SpeculativeConfig | None = None
+    # Plan and submit each step before reading the one in flight (vLLM's async scheduling).
+    async_scheduling: bool = False
 
 
 class Engine:
     """Drives one executor; `submit` and `abort` may come from any thread, `step` from one.
 
     After every step that changed anything the observer gets one StepStats; `clock` (seconds,
-    monotonic) times the latencies in it.
+    monotonic) times the latencies in it. With `async_scheduling` a step submits the next plan
+    before it reads the one in flight, so an executor that runs submissions in the background
+    works while the host emits (`docs/serving-paths.md`); steps a feature needs synchronous
+    read first and plan after.
     """
 
     def __init__(
@@ -83,6 +86,7 @@ class Engine:
         # Submissions (with their arrival times), and request IDs to abort, in arrival order.
         self._inbox: deque[tuple[CheckedRequest, OutputChannel, float] | str] = deque()
         self._wake = threading.Condition()
+        self._in_flight: tuple[StepPlan, int] | None = None
 
     @property
     def logprob_top_k(self) -> int:
@@ -121,11 +125,11 @@ class Engine:
 
     def has_work(self) -> bool:
         with self._wake:
-            return bool(self._inbox) or self._scheduler.has_work()
+            return bool(self._inbox) or self._scheduler.has_work() or bool(self._in_flight)
 
     def wait_for_work(self, timeout: float) -> None:
         with self._wake:
-            if not self._inbox and not self._scheduler.has_work():
+            if not self._inbox and not self._scheduler.has_work() and not self._in_flight:
                 self._wake.wait(timeout)
 
     def step(self) -> None:
@@ -144,15 +148,25 @@ class Engine:
                 self._requests.abort(message)
             else:
                 self._requests.admit(*message)
-        plan = self._scheduler.schedule()
-        if plan is None:
-            return
-        self._requests.scheduled(plan)
+        landing, self._in_flight = self._in_flight, None
+        plan = self._scheduler.schedule(ahead=landing is not None)
+        if plan is not None:
+            self._requests.scheduled(plan)
+            try:
+                self._in_flight = (plan, self._executor.submit(plan))
+            except Exception as error:  # noqa: BLE001 - the step's requests fail, the engine goes on
+                self._requests.fail_plan(plan, error)
+        if landing is None and not self._config.async_scheduling:
+            landing, self._in_flight = self._in_flight, None
+        if landing is not None:
+            self._land(*landing)
+
+    def _land(self, plan: StepPlan, frame: int) -> None:
+        """Reads a submitted step and commits what its lanes emitted."""
         try:
-            result = self._executor.read(self._executor.submit(plan))
+            result = self._executor.read(frame)
         except Exception as error:  # noqa: BLE001 - the step's requests fail, the engine goes on
-            _log.exception("step failed")
-            self._requests.fail_plan(plan, f"the model step failed: {error}")
+            self._requests.fail_plan(plan, error)
             return
         positions = sum(len(lane) for lane in result.logprobs if lane is not None)
         rows = sum(1 for lane in result.prompt_scores for row in lane if row is not None)
@@ -160,28 +174,3 @@ class Engine:
         self._requests.retire(result.failures)
         for sequence, _, lane in self._scheduler.commit(result.records):
             self._requests.commit(sequence, result, lane, plan.scored)
-
-
-class EngineLoop:
-    """Runs `Engine.step` on a daemon thread until stopped."""
-
-    def __init__(self, engine: Engine, idle_wait: float = 0.05) -> None:
-        self._engine = engine
-        self._idle_wait = idle_wait
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="helios-engine", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self._stopping.set()
-        self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while not self._stopping.is_set():
-            self._engine.wait_for_work(self._idle_wait)
-            try:
-                self._engine.step()
-            except Exception:  # noqa: BLE001 - the loop outlives any single bad step
-                _log.exception("engine step raised; the loop goes on")

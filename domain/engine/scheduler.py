@@ -10,6 +10,7 @@ from domain.cache.slots import SlotTable
 from domain.contract.records import CompletionRecord
 from domain.engine.sequence import Sequence, SequenceState
 from domain.engine.step import SlotWork, StepPlan
+from domain.overlap.pending import may_plan_ahead
 from domain.speculation.choice import Proposal
 from domain.telemetry.step_stats import SchedulerState
 
@@ -76,12 +77,17 @@ class Scheduler:
         sequence.state = SequenceState.WAITING
         self._waiting.append(sequence)
 
-    def schedule(self) -> StepPlan | None:
+    def schedule(self, ahead: bool = False) -> StepPlan | None:
         """Builds the next step, or None when nothing can run.
 
         Sequences with prompt rows left to score run only in scored steps, everything else in
-        ordinary ones; when both kinds have work the two alternate, so neither starves.
+        ordinary ones; when both kinds have work the two alternate, so neither starves. `ahead`
+        plans while a step is in flight (None when a running choice's part needs its tokens
+        first, or a prompt waits to be scored): its lanes feed placeholders for the tokens in
+        flight, and preempting a choice in flight drops its token, sampled again on re-prefill.
         """
+        if ahead and not may_plan_ahead(self._running, self._waiting):
+            return None
         kinds = (True, False) if self._scored_turn else (False, True)
         for scored in kinds:
             if scored and not self._config.scored_token_limit:
@@ -103,8 +109,10 @@ class Scheduler:
                 break
             if sequence.state is not SequenceState.RUNNING:
                 continue
-            chunk = min(sequence.num_tokens - sequence.cache.num_computed, budget)
-            if chunk < 1:
+            cache = sequence.cache
+            chunk = min(sequence.num_tokens + cache.pending - cache.num_fed, budget)
+            # A choice whose tokens in flight end its budget runs no further lane.
+            if chunk < 1 or cache.pending and sequence.remaining <= cache.pending:
                 continue
             proposal = None if scored else _proposal(sequence, chunk, budget)
             # Drafts, known or still to be proposed, take cache positions and budget too.
@@ -143,8 +151,7 @@ class Scheduler:
             if not cache.in_flight:
                 continue
             # Of the drafts fed after the chunk, only the accepted ones left valid cache entries.
-            cache.num_computed += cache.in_flight + record.drafts_accepted
-            cache.in_flight = 0
+            cache.num_computed += cache.in_flight.pop(0)[0] + record.drafts_accepted
             if sequence.speculation is not None:
                 offered, accepted = record.drafts_offered, record.drafts_accepted
                 sequence.speculation.verified(offered, accepted, record.first_position)
@@ -181,7 +188,7 @@ class Scheduler:
     def _reserve(self, sequence: Sequence, chunk: int) -> bool:
         """Allocates blocks for the chunk, preempting the newest sequences if needed."""
         cache = sequence.cache
-        missing = blocks_needed(cache.num_computed + chunk, self._config.block_size)
+        missing = blocks_needed(cache.num_fed + chunk, self._config.block_size)
         missing -= len(cache.blocks)
         while missing > self._blocks.num_free:
             victim = self._running[-1]
@@ -211,7 +218,7 @@ class Scheduler:
             del self._by_slot[cache.slot]
             self._slots.release(cache.slot)
             cache.slot = None
-        cache.in_flight = 0
+        cache.in_flight = []
 
 
 def _proposal(sequence: Sequence, chunk: int, budget: int) -> Proposal | None:
@@ -238,13 +245,13 @@ def _work(
 ) -> SlotWork:
     """The lane of a planned chunk: the core's tokens and sampling, and what each of the
     sequence's parts adds to it."""
-    cache = sequence.cache
-    start, end = cache.num_computed, cache.num_computed + chunk
+    cache, pending = sequence.cache, sequence.cache.pending
+    start, end = cache.num_fed, cache.num_fed + chunk
     if cache.slot is None:
         raise ValueError(f"sequence {sequence.request_id} is planned without a slot")
-    cache.in_flight = chunk
     # A zero output budget (echo of a scored prompt) prefills without sampling.
-    sample = end == sequence.num_tokens and sequence.remaining > 0
+    sample = end == sequence.num_tokens + pending and sequence.remaining > pending
+    cache.in_flight.append((chunk, sample))
     budget, scoring = sequence.budget, sequence.scoring
     # The thinking budget's forced end replaces the lane's draw (and its verification).
     forced = budget.forced_next if sample and budget is not None else None
@@ -264,7 +271,7 @@ def _work(
         block_table=tuple(cache.blocks),
         prompt_len=len(sequence.prompt),
         sample=sample,
-        sampling=sequence.sampling.lane(len(sequence.outputs), sample),
+        sampling=sequence.sampling.lane(len(sequence.outputs) + pending, sample),
         prompt_targets=scoring.targets(start, chunk) if scored and scoring is not None else (),
         speculation=drafts,
         grammar=grammar,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from domain.cache.placement import CachePlacement
 from domain.logprobs.scoring import PromptScoring
+from domain.overlap.pending import PENDING_TOKEN
 from domain.reasoning.thinking import ThinkingTracker
 from domain.requests.choice_sampling import ChoiceSampling
 from domain.speculation.choice import ChoiceSpeculation
@@ -82,9 +83,11 @@ class Sequence:
         return self.sampling.max_tokens - len(self.outputs)
 
     def tokens_between(self, start: int, end: int) -> tuple[int, ...]:
-        prompt_len = len(self.prompt)
-        if end <= prompt_len:
-            return self.prompt[start:end]
+        """Positions past the outputs hold tokens in flight, unknown here (`PENDING_TOKEN`)."""
+        prompt_len, known = len(self.prompt), min(end, self.num_tokens)
+        pending = (PENDING_TOKEN,) * (end - known)
+        if known <= prompt_len:
+            return self.prompt[start:known] + pending
         if start >= prompt_len:
-            return tuple(self.outputs[start - prompt_len : end - prompt_len])
-        return self.prompt[start:] + tuple(self.outputs[: end - prompt_len])
+            return tuple(self.outputs[start - prompt_len : known - prompt_len]) + pending
+        return self.prompt[start:] + tuple(self.outputs[: known - prompt_len]) + pending

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from adapters.gpu.background_executor import BackgroundExecutor
 from adapters.gpu.factory import RunnerSettings, build_executor
 from adapters.grammar.llguidance_compiler import LlguidanceCompiler
 from adapters.tokenizer.hf import HfTokenizer
@@ -26,12 +27,14 @@ def build_engine(
     speculative: SpeculativeConfig | None = None,
     grammars: LlguidanceCompiler | None = None,
     observer: EngineObserver | None = None,
+    overlapped: bool = False,
 ) -> tuple[Engine, HfTokenizer, list[StepPlan]]:
     """(engine, tokenizer, plans): `plans` grows by each plan the executor is given.
 
     The defaults suit the tiny test models: chunked prefill within a 32-token budget. The
     engine and the executor share `grammars` (a fresh compiler by default); `observer` gets
-    the engine's steps.
+    the engine's steps. `overlapped` runs the engine's async scheduling over the executor on
+    a background thread, as `helios serve --async-scheduling` does.
     """
     tokenizer = HfTokenizer.from_dir(model_dir)
     settings = RunnerSettings(
@@ -60,7 +63,11 @@ def build_engine(
 
     executor.submit = spying_submit
     config = EngineConfig(
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, speculative=speculative
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        speculative=speculative,
+        async_scheduling=overlapped,
     )
-    engine = Engine(executor, tokenizer, config, grammars=grammars, observer=observer)
+    runner = BackgroundExecutor(executor) if overlapped else executor
+    engine = Engine(runner, tokenizer, config, grammars=grammars, observer=observer)
     return engine, tokenizer, plans

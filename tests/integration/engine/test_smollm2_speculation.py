@@ -83,7 +83,7 @@ class Acceptance:
 
 def load(speculative: SpeculativeConfig | None, observer: Acceptance | None = None) -> Engine:
     runner = RunnerSettings(
-        device="cpu", max_num_seqs=8, max_model_len=1024, kv_cache_bytes=256 << 20
+        device="cpu", max_num_seqs=24, max_model_len=1024, kv_cache_bytes=256 << 20
     )
     config = EngineConfig(max_num_batched_tokens=1024, speculative=speculative)
     return bootstrap.load(None, runner, config, observer=observer).engine

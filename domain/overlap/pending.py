@@ -1,0 +1,57 @@
+"""Planning ahead: the pending-token placeholder, when a step may be planned ahead, its fill-in."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from domain.contract.records import CompletionRecord
+
+if TYPE_CHECKING:  # the engine plans with these rules: naming its types at run time is a cycle
+    from domain.engine.sequence import Sequence
+    from domain.engine.step import StepPlan
+
+# What a lane planned ahead feeds at the position of the token its slot's submission in flight
+# samples: only the executor, which ran that submission first, knows the token.
+PENDING_TOKEN = -1
+# What a placeholder becomes when the slot's previous submission emitted nothing (its lane was
+# retired or its step failed): that request has ended, so the engine drops the lane's record.
+ORPHAN_TOKEN = 0
+
+
+def plans_ahead(sequence: Sequence) -> bool:
+    """Whether a choice's next lane may be planned before its lane in flight is read: only a
+    choice without per-token host state does. Speculation (how many drafts stand), a grammar
+    (the next mask needs the matcher to have seen the token), the thinking budget (whether the
+    next token is forced) and prompt scoring (its turn alternates with ordinary steps) each
+    need the previous step's tokens on the host, so their steps run synchronously."""
+    return (
+        sequence.speculation is None
+        and sequence.constraint is None
+        and sequence.thinking is None
+        and sequence.scoring is None
+    )
+
+
+def may_plan_ahead(running: Iterable[Sequence], waiting: Iterable[Sequence]) -> bool:
+    """Whether the next step may be planned while one is in flight: every running choice plans
+    ahead, and no waiting prompt is to be scored (scored steps take turns with ordinary ones,
+    which only a synchronous plan gives them)."""
+    return all(plans_ahead(s) for s in running) and not any(s.needs_scoring for s in waiting)
+
+
+def resolve_pending(plan: StepPlan, previous: Iterable[CompletionRecord]) -> StepPlan:
+    """The plan an executor runs: each placeholder replaced by the last token its slot emitted
+    (at the lane's epoch) in the executor's previous submission, `previous` being its records."""
+    if not any(PENDING_TOKEN in work.token_ids for work in plan.works):
+        return plan
+    last = {(r.slot, r.epoch): r.tokens[-1] for r in previous if r.tokens}
+    works = []
+    for work in plan.works:
+        if PENDING_TOKEN in work.token_ids:
+            token = last.get((work.slot, work.epoch), ORPHAN_TOKEN)
+            filled = tuple(token if t == PENDING_TOKEN else t for t in work.token_ids)
+            work = dataclasses.replace(work, token_ids=filled)
+        works.append(work)
+    return dataclasses.replace(plan, works=tuple(works))
