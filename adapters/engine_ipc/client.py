@@ -73,7 +73,8 @@ class EngineLink:
         return self._failure
 
     def close(self) -> None:
-        self._connection.close()
+        with self._send_lock:  # the reader closes the descriptor under this lock
+            m.hang_up(self._connection)
 
     def call(self, kind: str, *fields: object, timeout_s: float = m.CALL_TIMEOUT_S) -> object:
         """Sends a call and waits for its reply; a refusal raises the engine's domain error."""
@@ -137,7 +138,9 @@ class EngineLink:
         except Exception as error:  # noqa: BLE001 - a message this side cannot read
             _log.exception("the engine link broke")
             self._gone(f"the engine link broke: {error}")
-            self._connection.close()
+        finally:
+            with self._send_lock:
+                self._connection.close()
 
     def _route(self, batch: list[tuple[str, object]]) -> None:
         for request_id, item in batch:

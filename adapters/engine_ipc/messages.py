@@ -7,7 +7,11 @@ shared authkey, so unpickling what arrives is as safe as the processes themselve
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 
 from domain.common.errors import (
     DomainError,
@@ -88,3 +92,14 @@ class WireError:
 
     def error(self) -> DomainError:
         return _KINDS.get(self.kind, RequestFailedError)(self.message, param=self.param)
+
+
+def hang_up(connection: Connection) -> None:
+    """Ends a connection that its reader thread is reading: the read returns (EOF) and the
+    peer hears; the reader closes it then. Closing it here instead would leave the read
+    and the peer waiting, and race the reader's own close."""
+    with (
+        contextlib.suppress(OSError),
+        socket.socket(fileno=os.dup(connection.fileno())) as view,
+    ):
+        view.shutdown(socket.SHUT_RDWR)

@@ -61,6 +61,12 @@ class EngineServer:
     def address(self) -> str:
         return str(self._listener.address)
 
+    @property
+    def session_count(self) -> int:
+        """API processes connected now."""
+        with self._lock:
+            return len(self._sessions)
+
     def start(self) -> None:
         self._thread.start()
 
@@ -123,7 +129,8 @@ class _Session:
         self._writer.start()
 
     def close(self) -> None:
-        self._connection.close()
+        with self._send_lock:  # the reader closes the descriptor under this lock
+            m.hang_up(self._connection)
 
     def _send(self, *message: object) -> None:
         with self._send_lock:
@@ -149,7 +156,8 @@ class _Session:
             self._engine.abort(request_id)
         if orphans:
             _log.warning("an API process left; aborted its %d requests", len(orphans))
-        self._connection.close()
+        with self._send_lock:  # no send may write to the descriptor once it is closed
+            self._connection.close()
         self._server._ended(self)
 
     def _handle(self, message: tuple) -> None:
