@@ -9,15 +9,21 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import falcon.asgi
 
 from adapters.cli import bootstrap
+from adapters.cli.engine_supervisor import AUTHKEY_VARIABLE
 from adapters.cli.engine_thread import EngineLoop
 from adapters.cli.serve_config import ServeConfig
+from adapters.engine_ipc.client import EngineLink, RemoteEngine, RemoteResponseStore
 from adapters.http.app import create_app as create_http_app
 from adapters.http.serving import HttpSettings, ModelHolder, ServedModel
 from adapters.metrics.prometheus import PrometheusMetrics
+from adapters.tokenizer.hf import HfTokenizer
 from domain.engine.engine import EngineConfig
 from ports.metrics import EngineObserver
 
@@ -29,15 +35,25 @@ FAILURE_GRACE_S = 2.0
 FAILURE_EXIT_STATUS = 70
 
 
-def _exit_after_failure(message: str) -> None:
+def exit_after_failure(message: str) -> None:
+    """Exits this process a moment after the model broke (gunicorn or `helios serve` then
+    starts afresh)."""
     _log.critical("the model can no longer run (%s); exiting in %.0f s", message, FAILURE_GRACE_S)
     timer = threading.Timer(FAILURE_GRACE_S, os._exit, (FAILURE_EXIT_STATUS,))
     timer.daemon = True
     timer.start()
 
 
-def load_served_model(config: ServeConfig, observer: EngineObserver | None = None) -> ServedModel:
-    """Loads the model, starts the engine thread and describes what is served."""
+@dataclass(frozen=True)
+class RunningEngine:
+    """A loaded model with its engine thread started; `stop` ends both."""
+
+    loaded: bootstrap.LoadedModel
+    stop: Callable[[], None]
+
+
+def start_engine(config: ServeConfig, observer: EngineObserver | None = None) -> RunningEngine:
+    """Loads the model and starts the engine thread; `observer` hears the engine's steps."""
     loaded = bootstrap.load(
         config.model,
         config.runner,
@@ -49,7 +65,7 @@ def load_served_model(config: ServeConfig, observer: EngineObserver | None = Non
         config.served_model_name,
         observer,
         parallel=config.parallel,
-        on_failure=_exit_after_failure,
+        on_failure=exit_after_failure,
     )
     loop = EngineLoop(loaded.engine)
     loop.start()
@@ -58,14 +74,42 @@ def load_served_model(config: ServeConfig, observer: EngineObserver | None = Non
         loop.stop()
         loaded.close()
 
+    return RunningEngine(loaded, stop)
+
+
+def load_served_model(config: ServeConfig, observer: EngineObserver | None = None) -> ServedModel:
+    """Loads the model, starts the engine thread and describes what is served."""
+    running = start_engine(config, observer)
+    loaded = running.loaded
     return ServedModel(
         name=loaded.name,
         tokenizer=loaded.tokenizer,
         engine=loaded.engine,
         allow_logprobs=loaded.engine.logprob_top_k > 0,
         parsers=config.parsers,
-        stop=stop,
+        stop=running.stop,
         failure=loaded.failure,
+    )
+
+
+def connect_served_model(config: ServeConfig) -> ServedModel:
+    """An API process's model: the engine process's engine and response store over a link,
+    with a tokenizer of its own for the HTTP work (templates, detokenizing, rendering)."""
+    if config.engine_address is None:
+        raise ValueError("an API process needs the engine process's address")
+    authkey = bytes.fromhex(os.environ[AUTHKEY_VARIABLE])
+    link = EngineLink.connect(config.engine_address, authkey, config.engine_wait_s)
+    hello = link.hello
+    engine = RemoteEngine(link)
+    return ServedModel(
+        name=hello.name,
+        tokenizer=HfTokenizer.from_dir(Path(hello.model_dir)),
+        engine=engine,
+        allow_logprobs=hello.allow_logprobs,
+        parsers=config.parsers,
+        stop=link.close,
+        failure=engine.failure,
+        responses=RemoteResponseStore(link),
     )
 
 
@@ -73,5 +117,10 @@ def create_app(config: ServeConfig | None = None) -> falcon.asgi.App:
     config = config or ServeConfig.from_environment()
     # One metrics object per app: the engine reports steps to it, the app counts errors in it.
     metrics = PrometheusMetrics(bootstrap.served_name(config.model, config.served_model_name))
+    if config.api_server_count > 1:
+        # One of several API processes: the engine process reports the engine's steps.
+        holder = ModelHolder(loader=lambda: connect_served_model(config))
+        settings = HttpSettings(api_key=config.api_key, name_process=True)
+        return create_http_app(holder, settings, metrics)
     holder = ModelHolder(loader=lambda: load_served_model(config, metrics))
     return create_http_app(holder, HttpSettings(api_key=config.api_key), metrics)

@@ -3,16 +3,33 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import secrets
+import shutil
+import signal
+import tempfile
+import threading
+from dataclasses import replace
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
+from adapters.cli.engine_supervisor import AUTHKEY_VARIABLE, EngineProcess
 from adapters.cli.runner_args import add_runner_arguments, parallel_launch, runner_settings
 from adapters.cli.serve_config import ENVIRONMENT_VARIABLE, ServeConfig
-from adapters.metrics.registry import clear_multiprocess_directory, forget_process
+from adapters.metrics.registry import (
+    MULTIPROCESS_VARIABLE,
+    clear_multiprocess_directory,
+    enable_multiprocess,
+    forget_process,
+)
 from domain.parsers.parsed import REASONING_PARSERS, TOOL_CALL_PARSERS
 from domain.parsers.settings import ReasoningStrings, grammar_in_reasoning
+
+_log = logging.getLogger(__name__)
+# After the engine process ends, the API processes answer 503 this long before the server stops.
+ENGINE_GRACE_S = 2.0
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -26,6 +43,16 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         type=int,
         default=20,
         help="largest logprobs/top_logprobs a request may ask (never above K)",
+    )
+    parser.add_argument(
+        "--api-server-count",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="HTTP processes (vLLM's flag). 1 runs the engine inside the one HTTP process; "
+        "N > 1 runs one engine process (which owns the model) and N HTTP processes that reach "
+        "it over a unix socket, with metrics in multiprocess mode and the Responses store in "
+        "the engine process",
     )
     parser.add_argument(
         "--timeout",
@@ -71,6 +98,16 @@ def _add_parser_arguments(parser: argparse.ArgumentParser) -> None:
         help='JSON {"enable_in_reasoning": true} makes a grammar constrain the reasoning too '
         "(by default it starts after the reasoning parser's end string)",
     )
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
+    return value
 
 
 def _structured_outputs_config(text: str) -> str:
@@ -127,25 +164,77 @@ def run(args: argparse.Namespace) -> int:
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         reasoning_config=args.reasoning_config,
         structured_outputs_config=args.structured_outputs_config,
+        api_server_count=args.api_server_count,
+        engine_wait_s=float(args.timeout),
     )
     try:
         config.parsers  # noqa: B018 -- checks the flags together before gunicorn starts
     except ValueError as error:
         raise SystemExit(f"helios serve: {error}") from None
+    if config.api_server_count > 1:
+        return _run_with_engine_process(config, args)
     os.environ[ENVIRONMENT_VARIABLE] = config.to_environment()
     clear_multiprocess_directory()
-    _Gunicorn(
-        {
-            "bind": f"{args.host}:{args.port}",
-            "worker_class": "asgi",
-            "workers": 1,
-            "timeout": args.timeout,
-            "graceful_timeout": 10,
-            "preload_app": False,
-            "accesslog": "-",
-            # One control socket per user would make two servers on one machine fight over it.
-            "control_socket_disable": True,
-            "child_exit": _child_exit,
-        }
-    ).run()
+    _Gunicorn(_gunicorn_options(args, workers=1)).run()
     return 0
+
+
+def _gunicorn_options(args: argparse.Namespace, workers: int) -> dict[str, object]:
+    return {
+        "bind": f"{args.host}:{args.port}",
+        "worker_class": "asgi",
+        "workers": workers,
+        "timeout": args.timeout,
+        "graceful_timeout": 10,
+        "preload_app": False,
+        "accesslog": "-",
+        # One control socket per user would make two servers on one machine fight over it.
+        "control_socket_disable": True,
+        "child_exit": _child_exit,
+    }
+
+
+def _run_with_engine_process(config: ServeConfig, args: argparse.Namespace) -> int:
+    """One engine process and N gunicorn workers that reach it.
+
+    The metrics go to multiprocess files (a fresh directory unless PROMETHEUS_MULTIPROC_DIR
+    names one), so that any worker's /metrics adds up every process. If the engine process
+    ends, the workers answer 503 and the server stops, as vLLM's does, for a supervisor to
+    start it again.
+    """
+    metrics_directory = None
+    if not os.environ.get(MULTIPROCESS_VARIABLE):
+        metrics_directory = tempfile.mkdtemp(prefix="helios-metrics-")
+    enable_multiprocess(os.environ.get(MULTIPROCESS_VARIABLE) or str(metrics_directory))
+    clear_multiprocess_directory()
+    directory, address = EngineProcess.socket_address()
+    os.environ[ENVIRONMENT_VARIABLE] = replace(config, engine_address=address).to_environment()
+    os.environ[AUTHKEY_VARIABLE] = secrets.token_hex(32)
+    engine = EngineProcess.start(directory)
+    engine_ended = threading.Event()
+    stopping = threading.Event()
+
+    def on_engine_exit() -> None:
+        if stopping.is_set():
+            return
+        engine_ended.set()
+        _log.critical("the engine process ended; helios serve stops in %.0f s", ENGINE_GRACE_S)
+        # The arbiter stops gracefully on SIGTERM; meanwhile the workers answer 503.
+        timer = threading.Timer(ENGINE_GRACE_S, os.kill, (os.getpid(), signal.SIGTERM))
+        timer.daemon = True
+        timer.start()
+
+    engine.watch(on_engine_exit)
+    status: object = 0
+    try:
+        _Gunicorn(_gunicorn_options(args, workers=config.api_server_count)).run()
+    except SystemExit as stopped:  # the arbiter ends with sys.exit, even when all went well
+        status = stopped.code
+    finally:
+        stopping.set()
+        engine.stop()
+        if metrics_directory is not None:
+            shutil.rmtree(metrics_directory, ignore_errors=True)
+    if engine_ended.is_set() and not status:
+        return 1
+    return status if isinstance(status, int) else 1

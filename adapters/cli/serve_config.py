@@ -34,6 +34,12 @@ class ServeConfig:
     reasoning_config: str | None = None
     # `--structured-outputs-config` as JSON (enable_in_reasoning), or None.
     structured_outputs_config: str | None = None
+    # `--api-server-count`: HTTP processes. Above 1 they share one engine process, which
+    # listens at `engine_address` (a unix socket).
+    api_server_count: int = 1
+    engine_address: str | None = None
+    # Seconds an API process waits for the engine process to load its model and listen.
+    engine_wait_s: float = 300.0
 
     @property
     def speculative(self) -> SpeculativeConfig | None:

@@ -10,6 +10,7 @@ import falcon.asgi
 from adapters.http import errors
 from adapters.http.auth import ApiKeyMiddleware
 from adapters.http.metrics import MetricsResource
+from adapters.http.process_header import ProcessHeaderMiddleware
 from adapters.http.resources import HealthResource, ModelsResource, OpenApiResource
 from adapters.http.serving import HttpSettings, ModelHolder
 from adapters.http.serving_chat import ChatCompletionsResource
@@ -35,6 +36,8 @@ def create_app(
     middleware: list[Any] = [holder]
     if settings.api_key:
         middleware.append(ApiKeyMiddleware(settings.api_key))
+    if settings.name_process:
+        middleware.append(ProcessHeaderMiddleware())
     app = falcon.asgi.App(middleware=middleware)
     app.req_options.strip_url_path_trailing_slash = True
     app.add_route("/v1/completions", CompletionsResource(holder, settings))

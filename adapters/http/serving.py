@@ -13,6 +13,7 @@ from domain.parsers.settings import NO_PARSERS, ParserSettings
 from domain.presentation.logprobs import TokenRendering
 from domain.reasoning.thinking import ThinkingMarkers
 from ports.engine_client import EngineClient
+from ports.response_store import ResponseStorage
 from ports.tokenizer import Tokenizer
 
 
@@ -30,6 +31,9 @@ class ServedModel:
     stop: Callable[[], None] = lambda: None
     # Why the model can no longer run, or None while it can (`/health` reports it).
     failure: Callable[[], str | None] = lambda: None
+    # Where finished responses are kept when the app's own store is not the place (several
+    # API processes keep them in the engine process), or None.
+    responses: ResponseStorage | None = None
 
     @functools.cached_property
     def thinking_markers(self) -> ThinkingMarkers | None:
@@ -66,6 +70,8 @@ class HttpSettings:
     api_key: str | None = None
     max_body_bytes: int = 8 << 20
     channel_capacity: int = 64
+    # Answers carry the answering process's ID (`x-helios-api-server`): several API processes.
+    name_process: bool = False
 
 
 class ModelHolder:

@@ -25,15 +25,22 @@ from domain.parsers.parsed import ChoiceParser, ParserConfig
 from domain.presentation.logprobs import chat_logprobs
 from domain.presentation.objects import ResponseHeader
 from domain.responses.assembler import EntryRenderer, ResponseAssembler
-from domain.responses.store import ResponseStore, StoredResponse
+from domain.responses.store import StoredResponse
+from ports.response_store import ResponseStorage
 
 
 class ResponsesResource(PostEndpoint):
     """Creates responses (one choice each) and returns stored ones."""
 
-    def __init__(self, holder: ModelHolder, settings: HttpSettings, store: ResponseStore) -> None:
+    def __init__(self, holder: ModelHolder, settings: HttpSettings, store: ResponseStorage) -> None:
         super().__init__(holder, settings)
-        self._store = store
+        self._own_store = store
+
+    @property
+    def _store(self) -> ResponseStorage:
+        """The served model's store where it has one (several API processes), else this app's."""
+        served = self._holder.served
+        return served.responses if served.responses is not None else self._own_store
 
     async def respond(self, served: ServedModel, raw: bytes, resp: falcon.asgi.Response) -> None:
         header = ResponseHeader(f"resp_{uuid.uuid4().hex}", int(time.time()), served.name)

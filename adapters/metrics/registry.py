@@ -12,6 +12,7 @@ from prometheus_client import (
     CollectorRegistry,
     generate_latest,
     multiprocess,
+    values,
 )
 from prometheus_client.metrics_core import Metric
 
@@ -72,6 +73,15 @@ def clear_multiprocess_directory(environ: Mapping[str, str] = os.environ) -> Non
     if directory:
         for stale in Path(directory).glob("*.db"):
             stale.unlink()
+
+
+def enable_multiprocess(directory: str) -> None:
+    """Puts this process, and every process it starts or forks from now on, in multiprocess
+    mode with its files in `directory`. prometheus_client picks its value class when it is
+    first imported, which has happened by now, so the choice is made again here; metric
+    objects made from now on write files."""
+    os.environ[MULTIPROCESS_VARIABLE] = directory
+    values.ValueClass = values.get_value_class()
 
 
 def forget_process(pid: int) -> None:

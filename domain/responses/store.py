@@ -6,7 +6,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-# A server's worker keeps at most this many responses, and at most this many bytes of them.
+# A server keeps at most this many responses, and at most this many bytes of them.
 DEFAULT_MAX_RESPONSES = 256
 DEFAULT_MAX_BYTES = 64 << 20
 # A Python string holds at most four bytes per character; other scalars count as one word.
@@ -48,8 +48,8 @@ def _footprint(value: object) -> int:
 
 class ResponseStore:
     """Least recently used responses, bounded by count and by size; a response larger than the
-    whole size bound is not kept. One store per worker process: gunicorn workers share
-    nothing, so a follow-up must reach the worker that answered (helios serves with one)."""
+    whole size bound is not kept. One store per server: in its one HTTP process, or, with
+    several API processes, in the engine process, which they all ask."""
 
     def __init__(
         self, max_responses: int = DEFAULT_MAX_RESPONSES, max_bytes: int = DEFAULT_MAX_BYTES

@@ -38,8 +38,8 @@ from adapters.http.requests.sampling import Generating, sampling_params
 from domain.common.errors import InvalidRequestError
 from domain.requests.api_request import ApiRequest, Prompt
 from domain.responses.objects import ResponseSettings
-from domain.responses.store import ResponseStore
 from domain.structured.rules import StructuredAsk, resolve_structure
+from ports.response_store import ResponseStorage
 from ports.tokenizer import Tokenizer
 
 # Rules shared with chat name chat's fields; a Responses 400 names the field it was sent as.
@@ -90,7 +90,7 @@ class ResponsesJob:
 
 
 def responses_request(
-    raw: bytes, tokenizer: Tokenizer, store: ResponseStore, *, auto_tool_choice: bool = False
+    raw: bytes, tokenizer: Tokenizer, store: ResponseStorage, *, auto_tool_choice: bool = False
 ) -> ResponsesJob:
     """`auto_tool_choice`: the server parses tool calls (`--enable-auto-tool-choice`)."""
     body = decode(raw, ResponsesBody)
@@ -161,7 +161,7 @@ def responses_names() -> Iterator[None]:
         raise InvalidRequestError(error.message, param=param) from None
 
 
-def _previous(response_id: str | None, store: ResponseStore) -> list[dict]:
+def _previous(response_id: str | None, store: ResponseStorage) -> list[dict]:
     if response_id is None:
         return []
     stored = store.get(response_id)
