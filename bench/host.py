@@ -1,7 +1,8 @@
 """Host ceiling: the serving stack over a simulated executor, at 1 to 64 streaming clients.
 
 Run: `.venv/bin/python bench/host.py [--seconds S] [--clients 1,8,32,64] [--step-ms 0,7]
-[--variants off,0,20] [--non-stream-variants off,20] [--endpoint chat|completions]`.
+[--variants off,0,20] [--non-stream-variants off,20] [--endpoint chat|completions]
+[--scheduling sync,async]`.
 
 For each `--step-ms` it starts `bench/host_server.py` (gunicorn, the production HTTP/SSE stack,
 engine and emission, the real SmolLM2 tokenizer, `CompletionOutputs`; the simulated executor
@@ -12,7 +13,9 @@ streamed, and unstreamed for `--non-stream-variants`. Each cell warms up, then m
 of `--seconds`: output tokens/s, engine steps/s against the ideal 1000/step-ms, inter-token
 latency (gaps between content frames), server and client CPU seconds per 1k tokens, and the
 executor's host bookkeeping per step (all steps, and steps of >= 56 lanes). Prints one table per
-step and the ratios of the variants, which come from the same run.
+step and the ratios of the variants, which come from the same run; with `--scheduling
+sync,async` each step runs a synchronous and an overlapped server (`helios serve
+--async-scheduling`) and prints async over sync per cell.
 
 `--micro` instead times the executor's bookkeeping in this process (no HTTP, no engine): one
 step of `--micro-lanes` decode lanes, submit and read, per variant. `--profile N:VARIANT` records
@@ -144,7 +147,7 @@ class HostServer:
 
 @contextmanager
 def host_server(
-    step_ms: float, max_num_seqs: int, torch_threads: int | None = None
+    step_ms: float, max_num_seqs: int, torch_threads: int | None = None, overlapped: bool = False
 ) -> Iterator[HostServer]:
     """`bench/host_server.py` on a free port, stopped when the block ends."""
     port = free_port()
@@ -162,6 +165,7 @@ def host_server(
             "--max-num-seqs",
             str(max_num_seqs),
             *(["--torch-threads", str(torch_threads)] if torch_threads else []),
+            *(["--async-scheduling"] if overlapped else []),
         ]
         try:
             with server_process(command, url, log_path, environment) as process:
@@ -485,7 +489,9 @@ def cells(args: argparse.Namespace) -> list[Cell]:
     return planned
 
 
-async def bench_step(server: HostServer, step_ms: float, args: argparse.Namespace) -> None:
+async def bench_step(
+    server: HostServer, step_ms: float, args: argparse.Namespace, scheduling: str
+) -> list[CellResult]:
     async with aiohttp.ClientSession() as session:
         warm = request(args.endpoint, 0, args.max_tokens, "20", True)
         path = "/v1/chat/completions" if args.endpoint == "chat" else "/v1/completions"
@@ -497,7 +503,8 @@ async def bench_step(server: HostServer, step_ms: float, args: argparse.Namespac
             profile = Path(tempfile.mkdtemp(prefix="helios-host-profile-")) / "profile.txt"
         result = await run_cell(server, cell, args, profile)
         print(
-            f"step {step_ms} ms, {cell.mode}, N={cell.clients}, logprobs {cell.variant}: "
+            f"step {step_ms} ms, {scheduling}, {cell.mode}, N={cell.clients}, "
+            f"logprobs {cell.variant}: "
             f"{result.tokens_per_s:,.0f} tok/s ({result.delivered / result.seconds:,.0f} "
             f"delivered), {result.steps_per_s:.0f} steps/s, {result.requests} requests"
             f"{f', {result.resent} resent' if result.resent else ''}, other processes "
@@ -509,10 +516,30 @@ async def bench_step(server: HostServer, step_ms: float, args: argparse.Namespac
             print(f"\npy-spy profile of the server worker, {cell}:\n")
             print(profile_summary(profile))
             print(f"\n(collapsed stacks: {profile})\n")
-    print(f"\n### simulated device step {step_ms:g} ms\n")
+    print(f"\n### simulated device step {step_ms:g} ms, {scheduling} scheduling\n")
     print(table(results, step_ms))
     print()
     print(ratios(results))
+    return results
+
+
+def scheduling_ratios(by_mode: dict[str, list[CellResult]]) -> str:
+    """tok/s and steps/s of async scheduling over sync in each cell both ran."""
+    rates = {
+        mode: {(r.cell.mode, r.cell.clients, r.cell.variant): r for r in results}
+        for mode, results in by_mode.items()
+    }
+    lines = [
+        "| mode | clients | logprobs | tok/s async / sync | steps/s async / sync |",
+        "|---|---|---|---|---|",
+    ]
+    for key, synchronous in rates.get("sync", {}).items():
+        overlapped = rates.get("async", {}).get(key)
+        if overlapped and synchronous.tokens_per_s and synchronous.steps_per_s:
+            tokens = overlapped.tokens_per_s / synchronous.tokens_per_s
+            steps = overlapped.steps_per_s / synchronous.steps_per_s
+            lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {tokens:.2f}x | {steps:.2f}x |")
+    return "\n".join(lines)
 
 
 def micro(args: argparse.Namespace) -> None:
@@ -617,6 +644,12 @@ def main() -> int:
         default=None,
         help="torch intra-op threads in the server (and --micro); default: torch's own",
     )
+    parser.add_argument(
+        "--scheduling",
+        type=lambda t: [p for p in t.split(",") if p in ("sync", "async")] or ["sync"],
+        default=["sync"],
+        help="sync, async or sync,async: one server each, `--async-scheduling` for async",
+    )
     parser.add_argument("--micro", action="store_true", help="time the executor in-process")
     parser.add_argument("--micro-lanes", type=int, default=60)
     parser.add_argument("--micro-steps", type=int, default=200)
@@ -632,8 +665,14 @@ def main() -> int:
         f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} at start"
     )
     for step_ms in args.step_ms:
-        with host_server(step_ms, max(args.clients), args.torch_threads) as server:
-            asyncio.run(bench_step(server, step_ms, args))
+        by_mode = {}
+        for scheduling in args.scheduling:
+            overlapped = scheduling == "async"
+            with host_server(step_ms, max(args.clients), args.torch_threads, overlapped) as server:
+                by_mode[scheduling] = asyncio.run(bench_step(server, step_ms, args, scheduling))
+        if len(by_mode) > 1:
+            print(f"\n### step {step_ms:g} ms: async scheduling over sync, same run\n")
+            print(scheduling_ratios(by_mode))
     return 0
 
 

@@ -28,6 +28,7 @@ from adapters.cli.engine_thread import EngineLoop  # noqa: E402
 from adapters.cli.serve_config import ServeConfig  # noqa: E402
 from adapters.core.export import CoreSizes, resolve_core  # noqa: E402
 from adapters.core.manifest import LoadedCore  # noqa: E402
+from adapters.gpu.background_executor import BackgroundExecutor  # noqa: E402
 from adapters.gpu.model.config import ModelConfig  # noqa: E402
 from adapters.http.app import create_app  # noqa: E402
 from adapters.http.serving import HttpSettings, ModelHolder, ServedModel  # noqa: E402
@@ -51,6 +52,8 @@ class HostSettings:
     max_num_batched_tokens: int = 512
     # torch's intra-op threads in the worker; None keeps torch's default, as `helios serve` does.
     torch_threads: int | None = None
+    # `helios serve --async-scheduling`: the overlapped loop, the executor on its own thread.
+    async_scheduling: bool = False
 
 
 def simulated_executor(
@@ -84,11 +87,12 @@ def load_simulated_model(
     executor = simulated_executor(settings, core, tokenizer)
     executors.append(executor)
     engine = Engine(
-        executor,
+        BackgroundExecutor(executor) if settings.async_scheduling else executor,
         tokenizer,
         EngineConfig(
             max_num_seqs=settings.max_num_seqs,
             max_num_batched_tokens=settings.max_num_batched_tokens,
+            async_scheduling=settings.async_scheduling,
         ),
         observer=metrics,
     )
@@ -151,6 +155,7 @@ def main() -> int:
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--max-num-batched-tokens", type=int, default=512)
     parser.add_argument("--torch-threads", type=int, default=None)
+    parser.add_argument("--async-scheduling", action="store_true")
     args = parser.parse_args()
     settings = HostSettings(
         args.step_ms,
@@ -158,6 +163,7 @@ def main() -> int:
         args.max_model_len,
         args.max_num_batched_tokens,
         args.torch_threads,
+        args.async_scheduling,
     )
     _Gunicorn(
         {

@@ -61,6 +61,7 @@ def start_engine(config: ServeConfig, observer: EngineObserver | None = None) ->
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_logprobs=config.max_logprobs,
             speculative=config.speculative,
+            async_scheduling=config.async_scheduling,
         ),
         config.served_model_name,
         observer,

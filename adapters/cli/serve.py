@@ -55,6 +55,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "the engine process",
     )
     parser.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="overlap the host with the model (vLLM's flag): the engine plans and submits each "
+        "step before it reads the one in flight, which runs on its own thread; steps with "
+        "speculation, grammars, a thinking budget or prompt scoring stay synchronous",
+    )
+    parser.add_argument(
         "--timeout",
         type=int,
         default=300,
@@ -165,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
         reasoning_config=args.reasoning_config,
         structured_outputs_config=args.structured_outputs_config,
         api_server_count=args.api_server_count,
+        async_scheduling=args.async_scheduling,
         engine_wait_s=float(args.timeout),
     )
     try:

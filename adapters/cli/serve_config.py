@@ -38,6 +38,8 @@ class ServeConfig:
     # listens at `engine_address` (a unix socket).
     api_server_count: int = 1
     engine_address: str | None = None
+    # `--async-scheduling`: the overlapped engine loop (domain.engine.engine.EngineConfig).
+    async_scheduling: bool = False
     # Seconds an API process waits for the engine process to load its model and listen.
     engine_wait_s: float = 300.0
 

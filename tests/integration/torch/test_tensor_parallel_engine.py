@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from adapters.gpu.background_executor import BackgroundExecutor
 from adapters.gpu.distributed.group import Rendezvous
 from adapters.gpu.distributed.shards import shard_range
 from adapters.gpu.factory import ExecutorRecipe
@@ -155,6 +156,12 @@ def _drive(executor, tokenizer: HfTokenizer) -> dict[str, Any]:
         engine = Engine(executor, tokenizer, config, grammars=LlguidanceCompiler(tokenizer))
         drained = drain(engine, requests)
         results[run] = {name: _outputs(items) for name, items in drained.items()}
+    # The overlapped loop: rank 0's plans carry placeholders every rank fills from its records.
+    overlapped = BackgroundExecutor(executor)
+    config = EngineConfig(max_num_seqs=8, max_num_batched_tokens=BUDGET, async_scheduling=True)
+    drained = drain(Engine(overlapped, tokenizer, config), _requests(tokenizer))
+    overlapped.close()
+    results["overlapped"] = {name: _outputs(items) for name, items in drained.items()}
     return results
 
 
@@ -262,12 +269,25 @@ def _close(left: list, right: list, tolerance: float) -> bool:
 
 def test_greedy_and_seeded_tokens_are_identical_to_one_rank(single, split):
     served = _served(split)
-    for run in ("plain", "top_p", "speculative"):
+    for run in ("plain", "top_p", "speculative", "overlapped"):
         for name, choices in single[run].items():
             for index, choice in choices.items():
                 if index == "prompt":
                     continue
                 assert served[run][name][index]["tokens"] == choice["tokens"], (run, name, index)
+
+
+def test_the_overlapped_loop_serves_what_the_synchronous_loop_serves_on_every_split(split):
+    served = _served(split)
+    for name, choices in served["plain"].items():
+        for index, choice in choices.items():
+            overlapped = served["overlapped"][name][index]
+            if index == "prompt":
+                assert overlapped == choice, name
+                continue
+            assert overlapped["tokens"] == choice["tokens"], (name, index)
+            pairs = zip(overlapped["entries"], choice["entries"], strict=True)
+            assert all(_close(left, right, 1e-5) for left, right in pairs), (name, index)
 
 
 def test_a_thinking_budget_forces_the_same_end_on_every_rank_without_entries(single, split):
