@@ -54,6 +54,11 @@ def next_token(context: Sequence[int], vocab_size: int = FAKE_VOCAB) -> int:
     return 1 + value % (vocab_size - 1)
 
 
+def _kv_digest(digest: int, token_id: int) -> int:
+    """The fake cache's digest of a context extended by one token."""
+    return (digest * 1_000_003 + token_id + 2) % (1 << 61)
+
+
 # A fake model: the context and the vocabulary size give the greedy next token.
 FakeModel = Callable[[Sequence[int], int], int]
 
@@ -112,10 +117,13 @@ class FakeExecutor:
     """Implements ModelExecutor over the fake model: commits records through the shared commit
     rule and reports logprob payloads and prompt scores like the real one.
 
-    It checks what a real cache would need: chunks arrive in position order per slot, and no KV
-    block is used by two live slots at once. `eos_after` makes every lane emit EOS once it has
-    generated that many tokens. Reads report FAKE_POSITION_BYTES and FAKE_PROMPT_ROW_BYTES of
-    payload for each position and scored row they carry.
+    It keeps a KV cache as a real one does, per block: each position holds the token fed there
+    and a digest of the whole context up to it. A lane reads its context from the positions
+    below its start through its block table, so a wrong table, a block evicted and rewritten,
+    or a position never computed is a failed step, never a silently right answer; and a lane
+    writes only into blocks no other lane of its step reads. `eos_after` makes every lane emit
+    EOS once it has generated that many tokens. Reads report FAKE_POSITION_BYTES and
+    FAKE_PROMPT_ROW_BYTES of payload for each position and scored row they carry.
 
     A lane whose grammar refuses its tokens (a FakeGrammarCompiler `row_limit`) is retired as
     the real executor retires it: an INVALID record that finishes with ERROR, and a
@@ -138,8 +146,8 @@ class FakeExecutor:
         self._model = model
         self._draft_model = draft_model
         self._draft_contexts: dict[int, list[int]] = {}
-        self._contexts: dict[int, list[int]] = {}
-        self._tables: dict[int, tuple[int, ...]] = {}
+        # block -> per offset, (token ID, digest of the context through it) once written
+        self._kv: dict[int, list[tuple[int, int] | None]] = {}
         self._frames: list[FrameResult] = [FrameResult(0, ()), FrameResult(1, ())]
         self._next = 0
         self._previous: tuple[CompletionRecord, ...] = ()
@@ -157,6 +165,7 @@ class FakeExecutor:
         payloads: list[tuple[PositionLogprobs, ...] | None] = []
         scores: list[tuple[PromptScore | None, ...]] = []
         failures: list[LaneFailure] = []
+        self._check_blocks(plan)
         for work in plan.works:
             context = self._feed(work, scores if plan.scored else None)
             try:
@@ -173,9 +182,9 @@ class FakeExecutor:
                 param = work.grammar.spec.param if work.grammar is not None else None
                 failures.append(LaneFailure(work.slot, work.epoch, str(retired), param))
                 self._matchers.pop(work.slot, None)
+            self._write(work, context)
             records.append(record)
             payloads.append(self._payload(work, context, record) if record.emits else None)
-        self._check_blocks(plan)
         self._previous = tuple(records)
         positions = sum(len(payload) for payload in payloads if payload is not None)
         rows = sum(len(lane) for lane in scores)  # every fed row is copied, scored or not
@@ -217,13 +226,7 @@ class FakeExecutor:
         return self._frames[frame]
 
     def _feed(self, work: SlotWork, scores: list | None) -> list[int]:
-        context = self._contexts.setdefault(work.slot, [])
-        if work.start_position == 0:
-            context.clear()
-        if len(context) != work.start_position:
-            raise AssertionError(
-                f"slot {work.slot} fed at {work.start_position}, cache has {len(context)}"
-            )
+        context = self._read(work)
         rows = []
         for token_id, target in zip(
             work.token_ids, work.prompt_targets or [NO_TOKEN] * len(work.token_ids), strict=True
@@ -237,8 +240,38 @@ class FakeExecutor:
                 )
         if scores is not None:
             scores.append(tuple(rows))
-        self._tables[work.slot] = work.block_table
         return context
+
+    def _read(self, work: SlotWork) -> list[int]:
+        """The lane's context below its start, as its block table finds it in the cache."""
+        size, context, digest = self.geometry.block_size, [], 0
+        for position in range(work.start_position):
+            if position // size >= len(work.block_table):
+                raise AssertionError(f"slot {work.slot} has no block for position {position}")
+            block = work.block_table[position // size]
+            entry = self._kv.get(block, [None] * size)[position % size]
+            if entry is None:
+                raise AssertionError(f"slot {work.slot} reads position {position} never written")
+            digest = _kv_digest(digest, entry[0])
+            if entry[1] != digest:
+                raise AssertionError(
+                    f"slot {work.slot} reads position {position} from block {block}, written "
+                    "after another context"
+                )
+            context.append(entry[0])
+        return context
+
+    def _write(self, work: SlotWork, context: list[int]) -> None:
+        """Stores the KV of the positions the lane computed (its accepted drafts included)."""
+        size, digest = self.geometry.block_size, 0
+        for position, token_id in enumerate(context):
+            digest = _kv_digest(digest, token_id)
+            if position < work.start_position:
+                continue
+            if position // size >= len(work.block_table):
+                raise AssertionError(f"slot {work.slot} has no block for position {position}")
+            block = self._kv.setdefault(work.block_table[position // size], [None] * size)
+            block[position % size] = (token_id, digest)
 
     def _catch_up(self, work: SlotWork) -> None:
         """Brings the slot's matcher in step with the lane by the shared catch-up rule
@@ -382,13 +415,20 @@ class FakeExecutor:
         return tuple(positions)
 
     def _check_blocks(self, plan: StepPlan) -> None:
-        live = {work.slot for work in plan.works}
-        seen: dict[int, int] = {}
-        for slot in live:
-            for block in self._tables[slot]:
-                if block in seen and seen[block] != slot:
-                    raise AssertionError(f"block {block} used by slots {seen[block]} and {slot}")
-                seen[block] = slot
+        """No lane writes into a block another lane of the step holds (shared prefix blocks
+        are only read)."""
+        size = self.geometry.block_size
+        held: dict[int, set[int]] = {}
+        for work in plan.works:
+            for block in work.block_table:
+                held.setdefault(block, set()).add(work.slot)
+        for work in plan.works:
+            first = work.start_position // size
+            for block in work.block_table[first:]:
+                if held[block] != {work.slot}:
+                    raise AssertionError(
+                        f"slot {work.slot} writes block {block}, which others hold"
+                    )
 
 
 class FakeTokenizer:

@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from domain.cache.placement import CachePlacement
 from domain.common.errors import LogprobDataError
 from domain.contract.frames import FrameResult, LaneFailure
 from domain.contract.records import CompletionRecord
@@ -96,6 +97,7 @@ class AdmittedRequests:
             constraint=OutputConstraint(request.grammar) if request.grammar is not None else None,
             # One choice scores the prompt; the scores belong to the request, not a choice.
             scoring=PromptScoring(prompt) if request.score_prompt and index == 0 else None,
+            cache=CachePlacement.salted(request.cache_salt),
         )
 
     def _owner(self, slot: int, epoch: int | None = None) -> tuple[Sequence, _Request] | None:
@@ -107,10 +109,9 @@ class AdmittedRequests:
         return None if entry is None else (sequence, entry)
 
     def scheduled(self, plan: StepPlan) -> None:
-        """Queue times of choices scheduled for the first time (a chunk at position 0)."""
+        """Queue times of choices scheduled for the first time (the tally keeps the first)."""
         for work in plan.works:
-            owner = None if work.start_position else self._owner(work.slot)
-            if owner is not None:
+            if (owner := self._owner(work.slot)) is not None:
                 self._tally.scheduled(owner[1].timelines[owner[0].index])
 
     def fail_plan(self, plan: StepPlan, error: Exception) -> None:
@@ -126,14 +127,12 @@ class AdmittedRequests:
         before the frame commits: their slots are free, so the commit passes their records
         by, and the frame's other lanes go on."""
         for failure in failures:
-            owner = self._owner(failure.slot, failure.epoch)
-            if owner is not None:
+            if (owner := self._owner(failure.slot, failure.epoch)) is not None:
                 self._end(owner[1], "error", failure.message, failure.param)
 
     def commit(self, sequence: Sequence, result: FrameResult, lane: int, scored: bool) -> None:
         """Takes one committed lane's record, and a scored lane's prompt scores, in."""
-        entry = self._running.get(sequence.request_id)
-        if entry is None:
+        if (entry := self._running.get(sequence.request_id)) is None:
             return
         record = result.records[lane]
         self._tally.speculated(record.drafts_offered, record.drafts_accepted)
@@ -188,9 +187,8 @@ class AdmittedRequests:
     ) -> None:
         """Runs the record through the choice's emission machine; the kept tokens become the
         sequence's outputs."""
-        self._tally.output(
-            entry.timelines[sequence.index], len(record.tokens), len(sequence.prompt)
-        )
+        timeline = entry.timelines[sequence.index]
+        self._tally.output(timeline, len(record.tokens), len(sequence.prompt))
         try:
             delta = entry.output.advance(sequence.index, record, payload)
         except LogprobDataError as error:

@@ -37,6 +37,7 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = None
     # Plan and submit each step before reading the one in flight (vLLM's async scheduling).
     async_scheduling: bool = False
+    prefix_caching: str | None = "sha256"  # its hash algorithm (domain.cache.pool); None: off
 
 
 class Engine:
@@ -78,6 +79,7 @@ class Engine:
                 num_blocks=geometry.num_blocks,
                 max_model_len=geometry.max_model_len,
                 scored_token_limit=geometry.logprobs.scored_rows,
+                prefix_caching=config.prefix_caching,
             )
         )
         self._requests = AdmittedRequests(
@@ -137,12 +139,11 @@ class Engine:
         try:
             self._step()
         finally:
-            self._tally.report(self._scheduler.occupancy(), self._scheduler.num_preemptions)
+            self._tally.report(self._scheduler.occupancy(), self._scheduler.totals())
 
     def _step(self) -> None:
         with self._wake:
-            messages = list(self._inbox)
-            self._inbox.clear()
+            messages, self._inbox = self._inbox, deque()
         for message in messages:
             if isinstance(message, str):
                 self._requests.abort(message)

@@ -5,14 +5,15 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from domain.cache.blocks import BlockAllocator, blocks_needed
+from domain.cache.blocks import blocks_needed
+from domain.cache.pool import BlockPool
 from domain.cache.slots import SlotTable
 from domain.contract.records import CompletionRecord
 from domain.engine.sequence import Sequence, SequenceState
 from domain.engine.step import SlotWork, StepPlan
 from domain.overlap.pending import may_plan_ahead
 from domain.speculation.choice import Proposal
-from domain.telemetry.step_stats import SchedulerState
+from domain.telemetry.step_stats import SchedulerState, SchedulerTotals
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +27,7 @@ class SchedulerConfig:
     max_model_len: int
     # Rows one scored prefill may hold (the largest scored capacity); 0: no scoring.
     scored_token_limit: int = 0
+    prefix_caching: str | None = None  # the hash algorithm of the prefix cache; None: off
 
     def __post_init__(self) -> None:
         limits = (self.max_num_seqs, self.max_num_batched_tokens, self.block_size)
@@ -50,7 +52,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self._config = config
         self._slots = SlotTable(config.max_num_seqs)
-        self._blocks = BlockAllocator(config.num_blocks)
+        self._blocks = BlockPool(config.num_blocks, config.block_size, config.prefix_caching)
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
         self._by_slot: dict[int, Sequence] = {}
@@ -63,8 +65,10 @@ class Scheduler:
 
     def occupancy(self) -> SchedulerState:
         """Sequences running and waiting, and the fraction of KV blocks they hold."""
-        held = (self._config.num_blocks - self._blocks.num_free) / self._config.num_blocks
-        return SchedulerState(len(self._running), len(self._waiting), held)
+        return SchedulerState(len(self._running), len(self._waiting), self._blocks.usage)
+
+    def totals(self) -> SchedulerTotals:
+        return SchedulerTotals(self.num_preemptions, self._blocks.queries, self._blocks.hits)
 
     def sequence_in(self, slot: int) -> Sequence | None:
         """The sequence holding `slot`, if one does."""
@@ -125,11 +129,12 @@ class Scheduler:
             sequence = self._waiting[0]
             if sequence.needs_scoring != scored:
                 break  # first come, first served: the head waits for a step of its kind
-            chunk = min(sequence.num_tokens, budget)
-            if blocks_needed(chunk, self._config.block_size) > self._blocks.num_free:
+            hits = self._blocks.match(sequence.cache.prefix, sequence.prompt, _reads(sequence))
+            chunk = min(sequence.num_tokens - len(hits) * self._config.block_size, budget)
+            if not self._blocks.fits(chunk, hits):
                 break
             self._waiting.popleft()
-            self._admit(sequence)
+            self._admit(sequence, hits)
             self._reserve(sequence, chunk)
             works.append(_work(sequence, chunk, scored))
             budget -= chunk
@@ -152,6 +157,7 @@ class Scheduler:
                 continue
             # Of the drafts fed after the chunk, only the accepted ones left valid cache entries.
             cache.num_computed += cache.in_flight.pop(0)[0] + record.drafts_accepted
+            cache.publish(self._blocks, sequence.tokens_between, sequence.num_tokens)
             if sequence.speculation is not None:
                 offered, accepted = record.drafts_offered, record.drafts_accepted
                 sequence.speculation.verified(offered, accepted, record.first_position)
@@ -177,10 +183,10 @@ class Scheduler:
             self._waiting.remove(sequence)
         sequence.state = SequenceState.FINISHED
 
-    def _admit(self, sequence: Sequence) -> None:
+    def _admit(self, sequence: Sequence, hits: list[int]) -> None:
         cache = sequence.cache
         cache.slot, cache.epoch = self._slots.acquire()
-        cache.num_computed = 0
+        cache.take(self._blocks, hits, len(sequence.prompt) if _reads(sequence) else 0)
         sequence.state = SequenceState.RUNNING
         self._by_slot[cache.slot] = sequence
         self._running.append(sequence)
@@ -188,8 +194,7 @@ class Scheduler:
     def _reserve(self, sequence: Sequence, chunk: int) -> bool:
         """Allocates blocks for the chunk, preempting the newest sequences if needed."""
         cache = sequence.cache
-        missing = blocks_needed(cache.num_fed + chunk, self._config.block_size)
-        missing -= len(cache.blocks)
+        missing = blocks_needed(cache.num_fed + chunk, self._config.block_size) - len(cache.blocks)
         while missing > self._blocks.num_free:
             victim = self._running[-1]
             self._preempt(victim)
@@ -203,7 +208,6 @@ class Scheduler:
         self._running.remove(sequence)
         self._release(sequence)
         sequence.state = SequenceState.WAITING
-        sequence.cache.num_computed = 0
         if sequence.speculation is not None:
             sequence.speculation.preempted()
         sequence.num_preemptions += 1
@@ -212,13 +216,16 @@ class Scheduler:
 
     def _release(self, sequence: Sequence) -> None:
         cache = sequence.cache
-        self._blocks.free(cache.blocks)
-        cache.blocks = []
+        cache.release(self._blocks)
         if cache.slot is not None:
             del self._by_slot[cache.slot]
             self._slots.release(cache.slot)
             cache.slot = None
-        cache.in_flight = []
+
+
+def _reads(sequence: Sequence) -> bool:
+    """A scored prompt computes every row it scores; penalties count the prompt's fed tokens."""
+    return sequence.scoring is None and not sequence.sampling.params.uses_penalties
 
 
 def _proposal(sequence: Sequence, chunk: int, budget: int) -> Proposal | None:

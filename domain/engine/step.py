@@ -45,10 +45,8 @@ class SlotWork:
             raise ValueError("a lane feeds at least one token from a non-negative position")
         if self.speculation is not None and not self.sample:
             raise ValueError("a speculative lane verifies, so it samples")
-        drafts = self.drafts
-        if drafts and (
-            self.token_ids[-len(drafts) :] != drafts or len(drafts) >= len(self.token_ids)
-        ):
+        fed = len(self.token_ids) - len(self.drafts)
+        if fed < 1 or self.token_ids[fed:] != self.drafts:
             raise ValueError("drafts are the last fed tokens of a speculative lane, after one more")
         lane = self.speculation
         if (
@@ -61,9 +59,7 @@ class SlotWork:
             raise ValueError(
                 f"{len(self.prompt_targets)} prompt targets for {len(self.token_ids)} tokens"
             )
-        if self.forced_token is not None and (
-            not self.sample or self.speculation is not None or self.grammar is not None
-        ):
+        if self.forced_token is not None and (not self.sample or self.speculation or self.grammar):
             raise ValueError("a forced token is emitted by a plain sampling lane, unconstrained")
         if self.grammar is not None and self.grammar.start < self.prompt_len:
             raise ValueError("a grammar starts at a generated position")

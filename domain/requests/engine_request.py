@@ -40,6 +40,8 @@ class EngineRequest:
     prefill_only: bool = False
     grammar: GrammarSpec | None = None
     thinking: ThinkingBudget | None = None
+    # Scopes the prefix cache: a request reads only blocks published under the same salt.
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         if self.prefill_only and not self.score_prompt:

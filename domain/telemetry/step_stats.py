@@ -18,6 +18,16 @@ class SchedulerState:
 
 
 @dataclass(frozen=True, slots=True)
+class SchedulerTotals:
+    """Running totals a scheduler keeps: preemptions, and the prompt tokens its prefix cache
+    was asked for and found (vLLM's `prefix_cache_queries` and `prefix_cache_hits`)."""
+
+    preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class StepStats:
     """Everything one engine step (or several quiet ones) changed, in one value per step.
 
@@ -43,6 +53,8 @@ class StepStats:
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
     spec_accepted_per_position: tuple[int, ...] = ()
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
 
 @dataclass(frozen=True, slots=True)

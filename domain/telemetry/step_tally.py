@@ -7,7 +7,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from domain.telemetry.step_stats import FinishedChoice, SchedulerState, StepStats
+from domain.telemetry.step_stats import (
+    FinishedChoice,
+    SchedulerState,
+    SchedulerTotals,
+    StepStats,
+)
 
 if TYPE_CHECKING:  # the domain drives ports but never needs them at run time
     from ports.metrics import EngineObserver
@@ -33,7 +38,7 @@ class StepTally:
         self._observer = observer
         self._clock = clock
         self._state = SchedulerState()
-        self._preemptions_seen = 0
+        self._totals_seen = SchedulerTotals()
         self._reset()
 
     def _reset(self) -> None:
@@ -104,10 +109,10 @@ class StepTally:
             self._spec_accepted[position] += 1
         self._dirty = True
 
-    def report(self, state: SchedulerState, preemptions_total: int) -> None:
+    def report(self, state: SchedulerState, totals: SchedulerTotals) -> None:
         """Hands the stats since the last report to the observer, unless nothing changed (an
         idle step); a failing observer never stops the engine."""
-        stats = self.flush(state, preemptions_total)
+        stats = self.flush(state, totals)
         if stats is None or self._observer is None:
             return
         try:
@@ -115,16 +120,16 @@ class StepTally:
         except Exception:  # noqa: BLE001 - metrics are never worth a request
             _log.exception("the engine observer failed")
 
-    def flush(self, state: SchedulerState, preemptions_total: int) -> StepStats | None:
+    def flush(self, state: SchedulerState, totals: SchedulerTotals) -> StepStats | None:
         """The stats since the last flush, or None when nothing changed."""
-        preemptions = preemptions_total - self._preemptions_seen
-        if not self._dirty and not preemptions and state == self._state:
+        seen = self._totals_seen
+        if not self._dirty and totals == seen and state == self._state:
             return None
         stats = StepStats(
             state=state,
             prompt_tokens=self._prompt_tokens,
             generation_tokens=self._generation_tokens,
-            preemptions=preemptions,
+            preemptions=totals.preemptions - seen.preemptions,
             queue_times=tuple(self._queue_times),
             first_token_times=tuple(self._first_token_times),
             inter_token_times=tuple(self._inter_token_times),
@@ -136,8 +141,10 @@ class StepTally:
             spec_draft_tokens=self._spec_draft_tokens,
             spec_accepted_tokens=sum(self._spec_accepted),
             spec_accepted_per_position=tuple(self._spec_accepted),
+            prefix_cache_queries=totals.prefix_cache_queries - seen.prefix_cache_queries,
+            prefix_cache_hits=totals.prefix_cache_hits - seen.prefix_cache_hits,
         )
         self._state = state
-        self._preemptions_seen = preemptions_total
+        self._totals_seen = totals
         self._reset()
         return stats

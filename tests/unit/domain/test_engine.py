@@ -30,6 +30,7 @@ def make_engine(
     budget: int = 32,
     eos_after: int | None = None,
     observer: RecordingObserver | None = None,
+    prefix_caching: str | None = "sha256",
 ) -> tuple[Engine, FakeExecutor]:
     geometry = fake_geometry(
         logprobs=NO_LOGPROBS,
@@ -39,7 +40,7 @@ def make_engine(
         max_model_len=max_model_len,
     )
     executor = FakeExecutor(geometry, eos_after=eos_after)
-    config = EngineConfig(max_num_batched_tokens=budget)
+    config = EngineConfig(max_num_batched_tokens=budget, prefix_caching=prefix_caching)
     return Engine(executor, FakeTokenizer(), config, observer=observer), executor
 
 
@@ -96,7 +97,10 @@ def test_preemption_under_a_tiny_kv_budget_changes_no_output():
 
 
 def test_preemption_actually_happens_when_blocks_run_out():
-    engine, executor = make_engine(num_blocks=12, block_size=2, max_model_len=24, budget=64)
+    # Without the prefix cache, which would hand a readmitted prompt its blocks back.
+    engine, executor = make_engine(
+        num_blocks=12, block_size=2, max_model_len=24, budget=64, prefix_caching=None
+    )
     run(engine, [request(f"r{i}", 6 + i, 10) for i in range(5)])
 
     restarts = [

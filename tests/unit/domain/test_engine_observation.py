@@ -39,6 +39,7 @@ def observed_engine(
     *,
     eos_after: int | None = None,
     budget: int = 32,
+    prefix_caching: str | None = "sha256",
     **geometry_overrides,
 ) -> tuple[Engine, RecordingObserver, FakeExecutor]:
     observer = RecordingObserver()
@@ -46,7 +47,7 @@ def observed_engine(
     engine = Engine(
         executor,
         FakeTokenizer(),
-        EngineConfig(max_num_batched_tokens=budget),
+        EngineConfig(max_num_batched_tokens=budget, prefix_caching=prefix_caching),
         observer=observer,
         clock=clock or ManualClock(),
     )
@@ -177,8 +178,9 @@ def test_a_failed_step_finishes_its_choices_with_error():
 
 
 def test_preemptions_are_reported_once_each_and_re_prefills_add_no_prompt_tokens():
+    # Without the prefix cache, which would hand a readmitted prompt its blocks back.
     engine, observer, executor = observed_engine(
-        num_blocks=12, block_size=2, max_model_len=24, budget=64
+        num_blocks=12, block_size=2, max_model_len=24, budget=64, prefix_caching=None
     )
     requests = [request(f"r{i}", 6 + i, 10) for i in range(5)]
 
