@@ -62,6 +62,7 @@ def start_engine(config: ServeConfig, observer: EngineObserver | None = None) ->
             max_logprobs=config.max_logprobs,
             speculative=config.speculative,
             async_scheduling=config.async_scheduling,
+            prefix_caching=config.prefix_caching,
         ),
         config.served_model_name,
         observer,

@@ -6,6 +6,7 @@ import argparse
 
 from adapters.gpu.distributed.launch import ParallelLaunch
 from adapters.gpu.factory import RunnerSettings
+from domain.cache.pool import HASH_ALGOS
 from domain.engine.engine import EngineConfig
 from domain.speculation.drafts import SpeculativeConfig, SpeculativeConfigError
 
@@ -89,6 +90,21 @@ def add_runner_arguments(
         "(start-up included)",
     )
     parser.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reuse the KV blocks of a repeated prompt prefix (vLLM's flag; on by default): "
+        "full blocks of committed tokens are kept, keyed by a chained hash, until their memory "
+        "is needed; --no-enable-prefix-caching computes every prompt",
+    )
+    parser.add_argument(
+        "--prefix-caching-hash-algo",
+        choices=HASH_ALGOS,
+        default="sha256",
+        help="the hash that keys cached blocks (both collision-resistant; every hit is also "
+        "checked token by token): sha256, or blake2b, faster in CPython",
+    )
+    parser.add_argument(
         "--speculative-config",
         type=_speculative_config,
         default=None,
@@ -127,9 +143,15 @@ def parallel_launch(args: argparse.Namespace) -> ParallelLaunch:
     )
 
 
+def prefix_caching(args: argparse.Namespace) -> str | None:
+    """The prefix cache's hash algorithm, or None when the cache is off."""
+    return args.prefix_caching_hash_algo if args.enable_prefix_caching else None
+
+
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         speculative=args.speculative_config,
+        prefix_caching=prefix_caching(args),
     )

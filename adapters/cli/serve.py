@@ -16,7 +16,12 @@ from typing import Any
 from gunicorn.app.base import BaseApplication
 
 from adapters.cli.engine_supervisor import AUTHKEY_VARIABLE, EngineProcess
-from adapters.cli.runner_args import add_runner_arguments, parallel_launch, runner_settings
+from adapters.cli.runner_args import (
+    add_runner_arguments,
+    parallel_launch,
+    prefix_caching,
+    runner_settings,
+)
 from adapters.cli.serve_config import ENVIRONMENT_VARIABLE, ServeConfig
 from adapters.metrics.registry import (
     MULTIPROCESS_VARIABLE,
@@ -173,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
         structured_outputs_config=args.structured_outputs_config,
         api_server_count=args.api_server_count,
         async_scheduling=args.async_scheduling,
+        prefix_caching=prefix_caching(args),
         engine_wait_s=float(args.timeout),
     )
     try:

@@ -40,6 +40,8 @@ class ServeConfig:
     engine_address: str | None = None
     # `--async-scheduling`: the overlapped engine loop (domain.engine.engine.EngineConfig).
     async_scheduling: bool = False
+    # `--enable-prefix-caching` with `--prefix-caching-hash-algo`: the hash, or None (off).
+    prefix_caching: str | None = "sha256"
     # Seconds an API process waits for the engine process to load its model and listen.
     engine_wait_s: float = 300.0
 

@@ -38,6 +38,7 @@ async def request_group(
             prefill_only=job.scores_prompt and not job.generates,
             grammar=job.structure.grammar,
             thinking=thinking_budget(job, served, prompt.text),
+            cache_salt=job.cache_salt,
         )
         for index, prompt in enumerate(job.prompts)
     ]
@@ -116,16 +117,15 @@ class Collected:
 async def collect(group: RequestGroup, job: ApiRequest) -> Collected:
     choices = [ChoiceResult(index) for index in range(len(job.prompts) * job.n)]
     scores: list[list[PromptScore]] = [[] for _ in job.prompts]
-    prompt_tokens = completion_tokens = 0
+    usage = Usage(0, 0)
     async for event in events(group, job.n):
         if event.end is not None:
-            prompt_tokens += event.end.usage.prompt_tokens
-            completion_tokens += event.end.usage.completion_tokens
+            usage += event.end.usage
         elif event.scores is not None:
             scores[event.prompt].extend(event.scores.scores)
         elif event.delta is not None:
             choices[event.choice].add(event.delta)
-    return Collected(choices, Usage(prompt_tokens, completion_tokens), scores)
+    return Collected(choices, usage, scores)
 
 
 def rendering(job: ApiRequest, served: ServedModel) -> TokenRendering:

@@ -94,9 +94,7 @@ class ResponsesResource(PostEndpoint):
                 if item.end is not None:
                     usage = item.end.usage
                 elif item.delta is not None:
-                    usage = Usage(
-                        usage.prompt_tokens, usage.completion_tokens + len(item.delta.token_ids)
-                    )
+                    usage += Usage(0, len(item.delta.token_ids))
                     for event in assembler.feed(parser.feed(item.delta)):
                         yield _sse(event)
         except DomainError as error:

@@ -41,9 +41,11 @@ async def stream_chunks(
         yield json_event(frame)
     started: set[int] = set()
     prompt_tokens = sum(len(prompt.token_ids) for prompt in job.prompts)
-    completion_tokens = 0
+    completion_tokens = cached_tokens = 0
     try:
         async for event in events(group, job.n):
+            if event.end is not None:
+                cached_tokens += event.end.usage.cached_tokens
             if event.scores is not None:
                 on_scores(event.prompt, event.scores)
                 continue
@@ -57,7 +59,11 @@ async def stream_chunks(
                 text = prefix(event.choice) + text
             if not text and not delta.finished and not delta.logprobs:
                 continue
-            usage = Usage(prompt_tokens, completion_tokens) if job.continuous_usage else None
+            usage = (
+                Usage(prompt_tokens, completion_tokens, cached_tokens)
+                if job.continuous_usage
+                else None
+            )
             chunk = build(event.choice, delta, text, usage)
             if chunk is not None:
                 yield json_event(chunk)
@@ -66,5 +72,6 @@ async def stream_chunks(
         yield done_event()
         return
     if job.include_usage:
-        yield json_event(usage_chunk(header, Usage(prompt_tokens, completion_tokens), chat=chat))
+        usage = Usage(prompt_tokens, completion_tokens, cached_tokens)
+        yield json_event(usage_chunk(header, usage, chat=chat))
     yield done_event()

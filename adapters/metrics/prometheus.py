@@ -59,6 +59,12 @@ class PrometheusMetrics:
         self._prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens prefilled.")
         self._generation_tokens = counter("vllm:generation_tokens", "Tokens generated.")
         self._preemptions = counter("vllm:num_preemptions", "Sequences preempted.")
+        self._prefix_queries = counter(
+            "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
+        )
+        self._prefix_hits = counter(
+            "vllm:prefix_cache_hits", "Prompt tokens the prefix cache held (not computed)."
+        )
         success = Counter(
             "vllm:request_success",
             "Choices finished, by finish reason.",
@@ -140,6 +146,8 @@ class PrometheusMetrics:
             (self._prompt_tokens, stats.prompt_tokens),
             (self._generation_tokens, stats.generation_tokens),
             (self._preemptions, stats.preemptions),
+            (self._prefix_queries, stats.prefix_cache_queries),
+            (self._prefix_hits, stats.prefix_cache_hits),
             (self._logprob_positions, stats.logprob_positions),
             (self._payload_bytes, stats.logprob_payload_bytes),
             (self._prompt_rows, stats.prompt_rows_scored),

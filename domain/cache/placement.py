@@ -24,6 +24,7 @@ class CachePlacement:
     in_flight: list[tuple[int, bool]] = field(default_factory=list)
     prefix: PrefixChain = field(default_factory=PrefixChain)
     published: int = 0
+    cached_tokens: int | None = None  # prompt tokens its first admission read from the cache
 
     @property
     def num_fed(self) -> int:
@@ -52,6 +53,8 @@ class CachePlacement:
         pool.take(hits, queried)
         self.blocks, self.published = list(hits), len(hits)
         self.num_computed = len(hits) * pool.block_size
+        if self.cached_tokens is None:
+            self.cached_tokens = self.num_computed
 
     def release(self, pool: BlockPool) -> None:
         """Gives the blocks back (a cached one stays findable until it is reused) and forgets

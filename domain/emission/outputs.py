@@ -69,8 +69,19 @@ class PromptScores:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
+    """Tokens a request's prompts hold and its choices generated; `cached_tokens` of the prompt
+    tokens were read from the prefix cache instead of computed."""
+
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.prompt_tokens + other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+            self.cached_tokens + other.cached_tokens,
+        )
 
     @property
     def total_tokens(self) -> int:

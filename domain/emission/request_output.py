@@ -65,7 +65,9 @@ class RequestOutput:
                 stopped.append(index)
         return stopped
 
-    def close(self, error: str | None = None, param: str | None = None) -> None:
-        """Ends the request with its usage; `error` fails it, `param` naming its own input."""
-        usage = Usage(len(self.request.prompt_token_ids), sum(c.num_tokens for c in self._choices))
+    def close(self, error: str | None = None, param: str | None = None, cached: int = 0) -> None:
+        """Ends the request with its usage, `cached` of its prompt tokens read from the prefix
+        cache; `error` fails it, `param` naming its own input."""
+        generated = sum(c.num_tokens for c in self._choices)
+        usage = Usage(len(self.request.prompt_token_ids), generated, cached)
         self._channel.put(RequestEnd(usage, error=error, error_param=param))

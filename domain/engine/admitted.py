@@ -228,4 +228,4 @@ class AdmittedRequests:
 
     def _close(self, entry: _Request, error: str | None = None, param: str | None = None) -> None:
         self._running.pop(entry.output.request.request_id, None)
-        entry.output.close(error, param)
+        entry.output.close(error, param, entry.sequences[0].cache.cached_tokens or 0)

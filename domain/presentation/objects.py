@@ -10,11 +10,16 @@ from domain.emission.outputs import ChoiceDelta, LogprobEntry, Usage
 
 
 def usage_object(usage: Usage) -> JsonObject:
-    return {
+    """OpenAI's usage; `prompt_tokens_details` only when some prompt tokens were cached, so
+    that a server without cache hits answers as before (contracts/api.md, "Prefix caching")."""
+    found: JsonObject = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
     }
+    if usage.cached_tokens:
+        found["prompt_tokens_details"] = {"cached_tokens": usage.cached_tokens}
+    return found
 
 
 def error_object(error: DomainError) -> JsonObject:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from domain.cache.salt import check_cache_salt
 from domain.common.errors import InvalidRequestError
 from domain.common.ranges import CHOICES, COMPLETION_MAX_TOKENS, TOKEN_ID
 from domain.logprobs.rules import NO_LOGPROBS_ASKED, LogprobAsk
@@ -55,9 +56,12 @@ class ApiRequest:
     structure: StructuredOutput = StructuredOutput()
     # vLLM's `thinking_token_budget`: reasoning tokens per block before its end is forced.
     thinking_token_budget: int | None = None
+    # vLLM's `cache_salt`: only requests with the same salt share prefix-cache blocks.
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         CHOICES.check(self.n, "n")
+        check_cache_salt(self.cache_salt)
         if self.thinking_token_budget is not None:
             THINKING_BUDGET.check(self.thinking_token_budget, "thinking_token_budget")
         if self.max_tokens is not None:

@@ -6,6 +6,7 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from domain.cache.salt import check_cache_salt
 from domain.common.errors import InvalidRequestError
 from domain.common.ranges import CHOICES, check_token_ids
 from domain.logprobs.rules import NO_LOGPROBS_ASKED, LogprobAsk, LogprobLimits, check_logprob_ask
@@ -51,6 +52,7 @@ class EngineRequest:
         if isinstance(self.n, bool) or not isinstance(self.n, int):
             raise InvalidRequestError("`n` must be an integer.", param="n")
         CHOICES.check(self.n, "n")
+        check_cache_salt(self.cache_salt)
 
     @property
     def options(self) -> LogprobOptions | None:

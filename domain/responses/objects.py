@@ -92,11 +92,11 @@ def _error(end: ResponseEnd | None) -> JsonObject | None:
 
 
 def response_usage(end: ResponseEnd) -> JsonObject:
-    """Token counts; no prompt tokens are reported as cached."""
+    """Token counts, with the input tokens read from the prefix cache."""
     usage = end.usage
     return {
         "input_tokens": usage.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": end.reasoning_tokens},
         "total_tokens": usage.total_tokens,

@@ -81,6 +81,7 @@ ThinkingBudget = Annotated[
     Annotated[int, _int(THINKING_BUDGET)] | Annotated[float, _whole(THINKING_BUDGET)],
     _says(THINKING_BUDGET.describe()),
 ]
+CacheSalt = Annotated[str, Meta(min_length=1), _says("a non-empty string")]
 Stop = Annotated[str | list[str], _says("a string or a list of strings, in valid Unicode")]
 # Keys are ASCII decimal token IDs: int() alone would also take " 7", "+7", "1_0" and other
 # scripts' digits.

@@ -130,6 +130,7 @@ def responses_request(
         logprob_ask=ask,
         return_tokens_as_token_ids=bool(body.return_tokens_as_token_ids),
         structure=resolve_structure(structured),
+        cache_salt=body.cache_salt,
     )
     settings = ResponseSettings(
         instructions=instructions,

@@ -6,6 +6,7 @@ from typing import Any
 
 from adapters.http.requests.declared import (
     Body,
+    CacheSalt,
     Flag,
     Integers,
     JsonObject,
@@ -47,6 +48,7 @@ class Generating(Body, frozen=True):
     ignore_eos: Flag | None = None
     min_tokens: MinTokens | None = None
     logit_bias: LogitBias | None = None
+    cache_salt: CacheSalt | None = None
 
 
 def sampling_params(body: Generating, max_tokens: int | None) -> SamplingParams:

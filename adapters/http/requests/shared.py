@@ -79,4 +79,5 @@ def api_request(
         return_tokens_as_token_ids=bool(body.return_tokens_as_token_ids),
         structure=resolve_structure(structured),
         thinking_token_budget=whole_or_none(body.thinking_token_budget),
+        cache_salt=body.cache_salt,
     )

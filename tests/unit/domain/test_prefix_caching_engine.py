@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from domain.contract.capabilities import LogprobCapability
-from domain.emission.outputs import ChoiceDelta, PromptScores, RequestEnd
+from domain.emission.outputs import ChoiceDelta, PromptScores, RequestEnd, Usage
 from domain.engine.engine import Engine, EngineConfig
 from domain.logprobs.rules import LogprobAsk
 from domain.requests.engine_request import EngineRequest
@@ -245,3 +245,15 @@ def test_random_streams_with_shared_prefixes_salts_preemption_and_aborts_equal_t
             for index in range(requests[int(rid[1:])].n):
                 tokens = result.get(index, [()])[0]
                 assert tokens == expected[rid][index][0][: len(tokens)], rid
+
+
+def test_usage_counts_the_prompt_tokens_a_request_read_from_the_cache():
+    run = Run(True)
+    first = run.engine.submit(request("first", (5, 6), n=2))
+    run.steps(20)
+    second = run.engine.submit(request("second", (7,), n=2))
+    step_until_idle(run.engine)
+
+    assert channel_items(first)[-1].usage.cached_tokens == 0
+    # Counted once per prompt, from the first choice: five blocks of four.
+    assert channel_items(second)[-1].usage == Usage(22, 12, 20)
