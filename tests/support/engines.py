@@ -28,13 +28,15 @@ def build_engine(
     grammars: LlguidanceCompiler | None = None,
     observer: EngineObserver | None = None,
     overlapped: bool = False,
+    prefix_caching: str | None = "sha256",
 ) -> tuple[Engine, HfTokenizer, list[StepPlan]]:
     """(engine, tokenizer, plans): `plans` grows by each plan the executor is given.
 
     The defaults suit the tiny test models: chunked prefill within a 32-token budget. The
     engine and the executor share `grammars` (a fresh compiler by default); `observer` gets
     the engine's steps. `overlapped` runs the engine's async scheduling over the executor on
-    a background thread, as `helios serve --async-scheduling` does.
+    a background thread, as `helios serve --async-scheduling` does. The prefix cache is on,
+    as a server's is by default, unless `prefix_caching` is None.
     """
     tokenizer = HfTokenizer.from_dir(model_dir)
     settings = RunnerSettings(
@@ -67,6 +69,7 @@ def build_engine(
         max_num_batched_tokens=budget,
         speculative=speculative,
         async_scheduling=overlapped,
+        prefix_caching=prefix_caching,
     )
     runner = BackgroundExecutor(executor) if overlapped else executor
     engine = Engine(runner, tokenizer, config, grammars=grammars, observer=observer)

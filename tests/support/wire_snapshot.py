@@ -8,6 +8,11 @@ with sorted keys. Run it before and after a change and compare the files byte fo
 
 `--raw` keeps each response's body as sent instead (key order, float text and whitespace as the
 server wrote them; IDs and times still replaced), for changes to how JSON is written.
+
+The server runs with its defaults, the prefix cache included: requests that repeat a prompt read
+its cached blocks, so their usage names cached tokens and their values may move in the last
+bits. `--no-prefix-caching` turns the cache off, for a comparison with a recording made before
+the cache existed.
 """
 
 from __future__ import annotations
@@ -235,15 +240,16 @@ def _record(app: object, method: str, path: str, body: dict | None, *, raw: bool
     }
 
 
-def record(output: Path, *, raw: bool = False) -> int:
+def record(output: Path, *, raw: bool = False, prefix_caching: bool = True) -> int:
     config = ServeConfig(
+        prefix_caching="sha256" if prefix_caching else None,
         runner=RunnerSettings(
             device="cpu",
             max_num_seqs=4,
             max_model_len=2048,
             kv_cache_bytes=96 << 20,
             prompt_logprobs=True,
-        )
+        ),
     )
     served = load_served_model(config)
     try:
@@ -259,5 +265,8 @@ def record(output: Path, *, raw: bool = False) -> int:
 
 
 if __name__ == "__main__":
-    count = record(Path(sys.argv[1]), raw="--raw" in sys.argv[2:])
+    flags = sys.argv[2:]
+    count = record(
+        Path(sys.argv[1]), raw="--raw" in flags, prefix_caching="--no-prefix-caching" not in flags
+    )
     print(f"recorded {count} responses into {sys.argv[1]}")
