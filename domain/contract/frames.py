@@ -50,6 +50,16 @@ class FrameResult:
     payload_bytes: int = 0
     failures: tuple[LaneFailure, ...] = ()
 
+    @property
+    def positions(self) -> int:
+        """Logprob positions the frame decoded, over all lanes."""
+        return sum(len(lane) for lane in self.logprobs if lane is not None)
+
+    @property
+    def scored_rows(self) -> int:
+        """Prompt rows the frame scored (rows with a target), over all lanes."""
+        return sum(1 for lane in self.prompt_scores for row in lane if row is not None)
+
     def lane_logprobs(self, lane: int) -> tuple[PositionLogprobs, ...] | None:
         """Lane `lane`'s decoded positions, or None when the frame carries none for it."""
         return self.logprobs[lane] if lane < len(self.logprobs) else None

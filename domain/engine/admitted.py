@@ -150,8 +150,7 @@ class AdmittedRequests:
     ) -> bool:
         """Puts a scored lane's new prompt scores on the channel; False when that failed the
         request."""
-        scoring = sequence.scoring
-        if scoring is None:
+        if (scoring := sequence.scoring) is None:
             return True
         rows = result.prompt_scores[lane] if lane < len(result.prompt_scores) else None
         try:
@@ -210,8 +209,7 @@ class AdmittedRequests:
             self._close(entry)
 
     def abort(self, request_id: str) -> None:
-        entry = self._running.get(request_id)
-        if entry is not None:
+        if (entry := self._running.get(request_id)) is not None:
             self._end(entry, "abort")
 
     def _end(

@@ -102,8 +102,7 @@ class Engine:
 
     def submit(self, request: EngineRequest, channel: OutputChannel | None = None) -> OutputChannel:
         """Checks and queues one request; raises InvalidRequestError before admission."""
-        if channel is None:
-            channel = OutputChannel(self._config.channel_capacity)
+        channel = OutputChannel(self._config.channel_capacity) if channel is None else channel
         self.submit_all([(self.check(request), channel)])
         return channel
 
@@ -112,7 +111,7 @@ class Engine:
         if any(checked.issuer is not self for checked, _ in submissions):
             raise ValueError("only requests this engine checked can be submitted to it")
         with self._wake:
-            waiting = len(self._inbox) + self._scheduler.num_waiting
+            waiting = len(self._inbox) + self._scheduler.occupancy().waiting
             if waiting + len(submissions) > self._config.max_waiting:
                 raise OverloadedError("the server is at its admission limit; retry later")
             arrived = self._clock()
@@ -169,9 +168,7 @@ class Engine:
         except Exception as error:  # noqa: BLE001 - the step's requests fail, the engine goes on
             self._requests.fail_plan(plan, error)
             return
-        positions = sum(len(lane) for lane in result.logprobs if lane is not None)
-        rows = sum(1 for lane in result.prompt_scores for row in lane if row is not None)
-        self._tally.frame_read(positions, result.payload_bytes, rows)
+        self._tally.frame_read(result.positions, result.payload_bytes, result.scored_rows)
         self._requests.retire(result.failures)
         for sequence, _, lane in self._scheduler.commit(result.records):
             self._requests.commit(sequence, result, lane, plan.scored)

@@ -31,10 +31,8 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         limits = (self.max_num_seqs, self.max_num_batched_tokens, self.block_size)
-        if min(*limits, self.num_blocks, self.max_model_len) < 1:
-            raise ValueError("scheduler limits must be positive")
-        if self.scored_token_limit < 0:
-            raise ValueError("scored_token_limit must be non-negative")
+        if min(*limits, self.num_blocks, self.max_model_len) < 1 or self.scored_token_limit < 0:
+            raise ValueError("scheduler limits must be positive (scored_token_limit: or 0)")
         if blocks_needed(self.max_model_len, self.block_size) > self.num_blocks:
             raise ValueError(
                 f"{self.num_blocks} KV blocks of {self.block_size} cannot hold one sequence of "
@@ -58,10 +56,6 @@ class Scheduler:
         self._by_slot: dict[int, Sequence] = {}
         self._scored_turn = False
         self.num_preemptions = 0
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self._waiting)
 
     def occupancy(self) -> SchedulerState:
         """Sequences running and waiting, and the fraction of KV blocks they hold."""
@@ -103,9 +97,8 @@ class Scheduler:
         return None
 
     def _plan(self, scored: bool) -> StepPlan | None:
-        budget = self._config.max_num_batched_tokens
-        if scored:
-            budget = min(budget, self._config.scored_token_limit)
+        limit = self._config.max_num_batched_tokens
+        budget = min(limit, self._config.scored_token_limit) if scored else limit
         works: list[SlotWork] = []
         # A snapshot: reserving may preempt later sequences, which then no longer run.
         for sequence in [s for s in self._running if s.needs_scoring == scored]:
@@ -125,10 +118,14 @@ class Scheduler:
                 break
             works.append(_work(sequence, chunk, scored, proposal))
             budget -= room
+        held: list[Sequence] = []
         while self._waiting and budget > 0 and self._slots.num_free:
             sequence = self._waiting[0]
             if sequence.needs_scoring != scored:
                 break  # first come, first served: the head waits for a step of its kind
+            if self._awaits_sibling(sequence):
+                held.append(self._waiting.popleft())  # it reads the prompt next step instead
+                continue
             hits = self._blocks.match(sequence.cache.prefix, sequence.prompt, _reads(sequence))
             chunk = min(sequence.num_tokens - len(hits) * self._config.block_size, budget)
             if not self._blocks.fits(chunk, hits):
@@ -138,6 +135,7 @@ class Scheduler:
             self._reserve(sequence, chunk)
             works.append(_work(sequence, chunk, scored))
             budget -= chunk
+        self._waiting.extendleft(reversed(held))
         return StepPlan(tuple(works), scored=scored) if works else None
 
     def commit(
@@ -177,7 +175,6 @@ class Scheduler:
         """Ends a sequence wherever it is (never queued included) and frees its slot and blocks
         at once."""
         if sequence.state is SequenceState.RUNNING:
-            self._running.remove(sequence)
             self._release(sequence)
         elif sequence.state is SequenceState.WAITING and sequence in self._waiting:
             self._waiting.remove(sequence)
@@ -190,6 +187,14 @@ class Scheduler:
         sequence.state = SequenceState.RUNNING
         self._by_slot[cache.slot] = sequence
         self._running.append(sequence)
+
+    def _awaits_sibling(self, sequence: Sequence) -> bool:
+        """Whether another choice of the request still computes prompt blocks this one reads."""
+        end, rid = len(sequence.prompt), sequence.request_id
+        waits = self._blocks.enabled and end > self._blocks.block_size and _reads(sequence)
+        return waits and any(
+            s.request_id == rid and s.cache.num_computed < end for s in self._running
+        )
 
     def _reserve(self, sequence: Sequence, chunk: int) -> bool:
         """Allocates blocks for the chunk, preempting the newest sequences if needed."""
@@ -205,7 +210,6 @@ class Scheduler:
         return True
 
     def _preempt(self, sequence: Sequence) -> None:
-        self._running.remove(sequence)
         self._release(sequence)
         sequence.state = SequenceState.WAITING
         if sequence.speculation is not None:
@@ -215,6 +219,7 @@ class Scheduler:
         self._waiting.appendleft(sequence)
 
     def _release(self, sequence: Sequence) -> None:
+        self._running.remove(sequence)
         cache = sequence.cache
         cache.release(self._blocks)
         if cache.slot is not None:

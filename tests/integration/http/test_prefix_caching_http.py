@@ -81,3 +81,15 @@ def test_responses_report_cached_input_tokens(client):
         details.append(result.json["usage"]["input_tokens_details"]["cached_tokens"])
 
     assert details[0] == 0 < details[1]
+
+
+def test_a_follow_up_reads_the_earlier_turn_from_the_cache(client):
+    body = {"input": LONG, "max_output_tokens": 4, "temperature": 0, "cache_salt": "turns"}
+    first = client.simulate_post("/v1/responses", json=body).json
+    follow_up = {**body, "input": "and then?", "previous_response_id": first["id"]}
+
+    result = client.simulate_post("/v1/responses", json=follow_up)
+
+    assert result.status_code == 200, result.text
+    usage = result.json["usage"]
+    assert usage["input_tokens_details"]["cached_tokens"] >= first["usage"]["input_tokens"] // 2

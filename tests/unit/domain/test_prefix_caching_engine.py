@@ -177,6 +177,15 @@ def test_siblings_of_a_later_request_share_the_prompt_blocks():
     assert [start for start, _ in run.first_lanes()[1:]] == [20, 20, 20]
 
 
+def test_siblings_wait_a_step_for_the_first_choice_s_prompt_blocks_and_read_them():
+    plain, cached, run = both([([request("siblings", n=3, max_tokens=4)], 0)])
+
+    assert cached == plain
+    # Choice 0 prefills in two chunks of the 16-token budget; then its siblings each compute
+    # the prompt's last token only.
+    assert run.first_lanes() == [(0, 16), (20, 1), (20, 1)]
+
+
 def test_hits_count_as_queries_and_hits_in_tokens():
     waves = [([request("first")], 20), ([request("second", (3, 4))], 0)]
 

@@ -77,7 +77,7 @@ def test_admission_stops_when_every_slot_is_taken():
     plan = scheduler.schedule()
 
     assert len(plan.works) == 2
-    assert scheduler.num_waiting == 1
+    assert scheduler.occupancy().waiting == 1
 
 
 def test_running_out_of_blocks_preempts_the_newest_sequence_which_restarts_from_position_zero():
