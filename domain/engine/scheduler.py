@@ -32,7 +32,7 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         limits = (self.max_num_seqs, self.max_num_batched_tokens, self.block_size)
         if min(*limits, self.num_blocks, self.max_model_len) < 1 or self.scored_token_limit < 0:
-            raise ValueError("scheduler limits must be positive (scored_token_limit: or 0)")
+            raise ValueError("scheduler limits must be positive, scored_token_limit at least 0")
         if blocks_needed(self.max_model_len, self.block_size) > self.num_blocks:
             raise ValueError(
                 f"{self.num_blocks} KV blocks of {self.block_size} cannot hold one sequence of "

@@ -1,32 +1,53 @@
 """Prefix caching on the wire: `cache_salt`'s 400s, cached prompt tokens in usage (only when
-some were read), and salts that keep requests apart. Each test salts its requests, so the shared
-server's cache holds nothing from other tests for them."""
+some were read), and salts that keep requests apart. The module serves the tiny model with the
+cache on, as `helios serve` does by default; each test salts its requests, so the cache holds
+nothing from other tests for them."""
 
 from __future__ import annotations
 
-import pytest
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
+from falcon import testing
+
+from adapters.http.app import create_app
+from adapters.http.serving import ModelHolder
+from tests.integration.http.conftest import serve_tiny
 from tests.integration.http.test_errors import assert_error
 from tests.support.asgi_stream import stream_post
 from tests.support.sse import json_frames
 
 pytestmark = pytest.mark.model
 
-LONG = "the quick brown fox jumps over the lazy dog while the cat sleeps on the warm mat, " * 2
+
+@pytest.fixture(scope="module")
+def app(http_model_dir: Path) -> Iterator[object]:
+    served = serve_tiny(http_model_dir, prefix_caching="sha256", max_model_len=256)
+    yield create_app(ModelHolder(served=served))
+    served.stop()
+
+
+@pytest.fixture(scope="module")
+def client(app) -> testing.TestClient:
+    return testing.TestClient(app)
+
+
+LONG = "the quick brown fox jumps over the lazy dog while the cat sleeps on the warm mat"
 CHAT = [{"role": "user", "content": LONG}]
 
 
 @pytest.mark.parametrize(
     ("path", "body"),
     [
-        ("/v1/completions", {"prompt": "x"}),
-        ("/v1/chat/completions", {"messages": CHAT}),
-        ("/v1/responses", {"input": "x"}),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 2}),
+        ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 2}),
+        ("/v1/responses", {"input": "x", "max_output_tokens": 2}),
     ],
 )
 @pytest.mark.parametrize("salt", ["", 7, ["a"], "x" * 257, "é" * 129])
 def test_a_salt_that_is_not_a_short_non_empty_string_is_a_400_naming_it(client, path, body, salt):
-    result = client.simulate_post(path, json={**body, "cache_salt": salt, "max_tokens": 2})
+    result = client.simulate_post(path, json={**body, "cache_salt": salt})
 
     assert_error(result, 400, "cache_salt")
 
