@@ -393,3 +393,16 @@ def test_an_overloaded_engine_s_503_is_counted_as_overloaded(served):
 
     assert answer.status_code == 503
     assert found.value("helios:requests_rejected_total", model_name=MODEL, reason="overloaded") == 1
+
+
+@pytest.mark.model
+def test_prefix_cache_counters_count_every_lookup_in_prompt_tokens(scenario):
+    chat_prompt = scenario["chat"].json["usage"]["prompt_tokens"]
+    # Every admission looks up its whole prompt, the preempted choice's readmission too; the
+    # scored prompt computes every row and looks up nothing. No two prompts share a full block.
+    looked_up = [PLAIN, STOPPING, WITH_LOGPROBS, PREEMPTED, PREEMPTED, PREEMPTED, DROPPED]
+
+    assert value(scenario, "vllm:prefix_cache_queries_total") == chat_prompt + sum(
+        map(len, looked_up)
+    )
+    assert value(scenario, "vllm:prefix_cache_hits_total") == 0
