@@ -8,6 +8,8 @@ with sorted keys. Run it before and after a change and compare the files byte fo
 
 `--raw` keeps each response's body as sent instead (key order, float text and whitespace as the
 server wrote them; IDs and times still replaced), for changes to how JSON is written.
+`--async-scheduling` serves with the overlapped engine loop, whose wire must equal the
+synchronous loop's.
 """
 
 from __future__ import annotations
@@ -235,15 +237,16 @@ def _record(app: object, method: str, path: str, body: dict | None, *, raw: bool
     }
 
 
-def record(output: Path, *, raw: bool = False) -> int:
+def record(output: Path, *, raw: bool = False, async_scheduling: bool = False) -> int:
     config = ServeConfig(
+        async_scheduling=async_scheduling,
         runner=RunnerSettings(
             device="cpu",
             max_num_seqs=4,
             max_model_len=2048,
             kv_cache_bytes=96 << 20,
             prompt_logprobs=True,
-        )
+        ),
     )
     served = load_served_model(config)
     try:
@@ -259,5 +262,8 @@ def record(output: Path, *, raw: bool = False) -> int:
 
 
 if __name__ == "__main__":
-    count = record(Path(sys.argv[1]), raw="--raw" in sys.argv[2:])
+    flags = sys.argv[2:]
+    count = record(
+        Path(sys.argv[1]), raw="--raw" in flags, async_scheduling="--async-scheduling" in flags
+    )
     print(f"recorded {count} responses into {sys.argv[1]}")
