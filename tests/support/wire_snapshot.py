@@ -218,7 +218,8 @@ def _raw(text: str) -> str:
     return _RAW_TIMES.sub(r"\g<1>0", _RAW_IDS.sub(r'\g<1>"<id>"', text))
 
 
-def _record(app: object, method: str, path: str, body: dict | None, *, raw: bool) -> dict:
+def record_one(app: object, method: str, path: str, body: dict | None, *, raw: bool) -> dict:
+    """One request's answer as the snapshot writes it (IDs and times replaced)."""
     if body is not None and body.get("stream"):
         status, text = stream_post(app, path, json=body)
         if raw:
@@ -254,7 +255,7 @@ def record(output: Path, *, raw: bool = False, async_scheduling: bool = False) -
         requests = _api_md_requests() + [("POST", path, body) for path, body in SEEDED]
         with output.open("w", encoding="utf-8") as sink:
             for method, path, body in requests:
-                line = _record(app, method, path, body, raw=raw)
+                line = record_one(app, method, path, body, raw=raw)
                 sink.write(json.dumps(line, sort_keys=True) + "\n")
     finally:
         served.stop()

@@ -34,12 +34,14 @@ def serve_tiny(
     max_num_batched_tokens: int | None = None,
     speculative_config: str | None = None,
     observer: RecordingObserver | None = None,
+    async_scheduling: bool = False,
     **runner: object,
 ) -> ServedModel:
     """The tiny model behind a started engine; the caller stops it.
 
     `runner` overrides RunnerSettings fields; without a token budget ServeConfig's default holds.
-    `speculative_config` is `--speculative-config`'s JSON; `observer` gets the engine's steps.
+    `speculative_config` is `--speculative-config`'s JSON; `observer` gets the engine's steps;
+    `async_scheduling` serves with the overlapped loop.
     """
     settings = dict(
         device="cpu",
@@ -57,6 +59,7 @@ def serve_tiny(
         served_model_name=MODEL_NAME,
         runner=RunnerSettings(**settings),
         speculative_config=speculative_config,
+        async_scheduling=async_scheduling,
         **budget,
     )
     return load_served_model(config, observer)
