@@ -552,6 +552,7 @@ def micro(args: argparse.Namespace) -> None:
 
     from adapters.core.export import CoreSizes, resolve_core
     from adapters.tokenizer.hf import HfTokenizer
+    from domain.engine.engine import EngineConfig
     from domain.engine.step import SlotWork, StepPlan
     from domain.logprobs.values import LogprobOptions
     from domain.requests.choice_sampling import LaneSampling
@@ -562,7 +563,8 @@ def micro(args: argparse.Namespace) -> None:
     lanes = args.micro_lanes
     core = resolve_core(None, CoreSizes(max(lanes, 64)))
     tokenizer = HfTokenizer.from_dir(core.model_dir)
-    executor = simulated_executor(HostSettings(max_num_seqs=max(lanes, 64)), core, tokenizer)
+    settings = HostSettings(engine=EngineConfig(max_num_seqs=max(lanes, 64)))
+    executor = simulated_executor(settings, core, tokenizer)
     params = SamplingParams(max_tokens=None, temperature=0.0)
     tally = executor.tally
     print(

@@ -44,16 +44,18 @@ BLOCK_SIZE = 16
 
 @dataclass(frozen=True)
 class HostSettings:
-    """What the bench's server runs: the simulated device step and the serving limits."""
+    """What the bench's server runs: the simulated device step, the engine's limits and loop
+    (`engine.async_scheduling`: the overlapped loop, the executor on a thread of its own)."""
 
     step_ms: float = 0.0
-    max_num_seqs: int = 64
     max_model_len: int = 2048
-    max_num_batched_tokens: int = 512
     # torch's intra-op threads in the worker; None keeps torch's default, as `helios serve` does.
     torch_threads: int | None = None
-    # `helios serve --async-scheduling`: the overlapped loop, the executor on its own thread.
-    async_scheduling: bool = False
+    engine: EngineConfig = EngineConfig(max_num_seqs=64)
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.engine.max_num_seqs or 64
 
 
 def simulated_executor(
@@ -86,16 +88,9 @@ def load_simulated_model(
         torch.set_num_threads(settings.torch_threads)
     executor = simulated_executor(settings, core, tokenizer)
     executors.append(executor)
-    engine = Engine(
-        BackgroundExecutor(executor) if settings.async_scheduling else executor,
-        tokenizer,
-        EngineConfig(
-            max_num_seqs=settings.max_num_seqs,
-            max_num_batched_tokens=settings.max_num_batched_tokens,
-            async_scheduling=settings.async_scheduling,
-        ),
-        observer=metrics,
-    )
+    config = settings.engine
+    runner = BackgroundExecutor(executor) if config.async_scheduling else executor
+    engine = Engine(runner, tokenizer, config, observer=metrics)
     loop = EngineLoop(engine)
     loop.start()
     return ServedModel(
@@ -157,14 +152,12 @@ def main() -> int:
     parser.add_argument("--torch-threads", type=int, default=None)
     parser.add_argument("--async-scheduling", action="store_true")
     args = parser.parse_args()
-    settings = HostSettings(
-        args.step_ms,
-        args.max_num_seqs,
-        args.max_model_len,
-        args.max_num_batched_tokens,
-        args.torch_threads,
-        args.async_scheduling,
+    engine = EngineConfig(
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        async_scheduling=args.async_scheduling,
     )
+    settings = HostSettings(args.step_ms, args.max_model_len, args.torch_threads, engine)
     _Gunicorn(
         {
             "bind": f"{args.host}:{args.port}",

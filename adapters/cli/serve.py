@@ -155,6 +155,22 @@ class _Gunicorn(BaseApplication):
         return create_app()
 
 
+# Flags that ServeConfig holds under their own names, as parsed.
+_SAME_NAMES = (
+    "served_model_name",
+    "api_key",
+    "max_num_batched_tokens",
+    "max_logprobs",
+    "reasoning_parser",
+    "tool_call_parser",
+    "enable_auto_tool_choice",
+    "reasoning_config",
+    "structured_outputs_config",
+    "api_server_count",
+    "async_scheduling",
+)
+
+
 def _child_exit(server: object, worker: Any) -> None:
     forget_process(worker.pid)
 
@@ -162,24 +178,14 @@ def _child_exit(server: object, worker: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     config = ServeConfig(
         model=args.model_path or args.model,
-        served_model_name=args.served_model_name,
-        api_key=args.api_key,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_logprobs=args.max_logprobs,
         speculative_config=(
             args.speculative_config.to_json() if args.speculative_config is not None else None
         ),
         runner=runner_settings(args),
         parallel=parallel_launch(args),
-        reasoning_parser=args.reasoning_parser,
-        tool_call_parser=args.tool_call_parser,
-        enable_auto_tool_choice=args.enable_auto_tool_choice,
-        reasoning_config=args.reasoning_config,
-        structured_outputs_config=args.structured_outputs_config,
-        api_server_count=args.api_server_count,
-        async_scheduling=args.async_scheduling,
         prefix_caching=prefix_caching(args),
         engine_wait_s=float(args.timeout),
+        **{name: getattr(args, name) for name in _SAME_NAMES},
     )
     try:
         config.parsers  # noqa: B018 -- checks the flags together before gunicorn starts

@@ -96,15 +96,9 @@ class EngineLink:
         """Routes the requests' outputs to `channels`, then submits them (all or none)."""
         with self._lock:
             self._raise_if_gone()
-            for request, channel in zip(requests, channels, strict=True):
-                self._channels[request.request_id] = channel
-        try:
+        # A link that goes meanwhile fails the call, which takes the routes away again.
+        with m.routed(self._channels, self._lock, requests, channels):
             self.call(m.SUBMIT, requests)
-        except BaseException:
-            with self._lock:
-                for request in requests:
-                    self._channels.pop(request.request_id, None)
-            raise
 
     def abort(self, request_id: str) -> None:
         """Asks the engine to end the request; its end still arrives on its channel."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -23,7 +25,9 @@ from domain.common.errors import (
     UnavailableError,
     UnhealthyError,
 )
+from domain.emission.channel import OutputChannel
 from domain.logprobs.rules import LogprobLimits
+from domain.requests.engine_request import EngineRequest
 
 # API process -> engine process. Calls carry a call id that their reply repeats.
 CHECK = "check"  # (call, EngineRequest): a request with a grammar, checked where it compiles
@@ -103,3 +107,24 @@ def hang_up(connection: Connection) -> None:
         socket.socket(fileno=os.dup(connection.fileno())) as view,
     ):
         view.shutdown(socket.SHUT_RDWR)
+
+
+@contextlib.contextmanager
+def routed(
+    routes: dict[str, OutputChannel],
+    lock: threading.Lock | threading.Condition,
+    requests: Sequence[EngineRequest],
+    channels: Sequence[OutputChannel],
+) -> Iterator[None]:
+    """Routes the requests' outputs to their channels before the block submits them (the first
+    output may come at once); a submission that raises leaves no route behind."""
+    with lock:
+        for request, channel in zip(requests, channels, strict=True):
+            routes[request.request_id] = channel
+    try:
+        yield
+    except BaseException:
+        with lock:
+            for request in requests:
+                routes.pop(request.request_id, None)
+        raise

@@ -9,6 +9,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, Listener
 
 from adapters.engine_ipc import messages as m
@@ -28,6 +29,19 @@ _CHECK_THREADS = 32
 _PENDING_CHECKS = 1024
 
 
+@dataclass(frozen=True)
+class _Shared:
+    """What every session of one server uses: the engine, the greeting, the Responses store,
+    why the model can no longer run, the channels' capacity and the grammar-check threads."""
+
+    engine: EngineClient
+    hello: m.Hello
+    store: ResponseStorage
+    failure: Callable[[], str | None]
+    capacity: int
+    checks: ThreadPoolExecutor
+
+
 class EngineServer:
     """Listens on a unix socket; every API process that proves `authkey` gets a session.
 
@@ -45,13 +59,9 @@ class EngineServer:
         failure: Callable[[], str | None] = lambda: None,
         channel_capacity: int = 64,
     ) -> None:
-        self._engine = engine
-        self._hello = hello
-        self._store = store
-        self._failure = failure
-        self._capacity = channel_capacity
+        checks = ThreadPoolExecutor(_CHECK_THREADS, thread_name_prefix="engine-check")
+        self._shared = _Shared(engine, hello, store, failure, channel_capacity, checks)
         self._listener = Listener(address, family="AF_UNIX", authkey=authkey)
-        self._checks = ThreadPoolExecutor(_CHECK_THREADS, thread_name_prefix="engine-check")
         self._sessions: set[_Session] = set()
         self._lock = threading.Lock()
         self._closed = False
@@ -73,12 +83,11 @@ class EngineServer:
     def close(self) -> None:
         """Stops accepting and drops every session (their requests are aborted)."""
         with self._lock:
-            self._closed = True
-            sessions = list(self._sessions)
+            self._closed, sessions = True, list(self._sessions)
         self._listener.close()
         for session in sessions:
             session.close()
-        self._checks.shutdown(wait=False, cancel_futures=True)
+        self._shared.checks.shutdown(wait=False, cancel_futures=True)
 
     def _accept(self) -> None:
         while True:
@@ -89,7 +98,7 @@ class EngineServer:
             except Exception as error:  # noqa: BLE001 - a peer without the key, say
                 _log.warning("refused a connection to the engine: %s", error)
                 continue
-            session = _Session(connection, self, self._capacity)
+            session = _Session(connection, self._shared, self._ended)
             with self._lock:
                 if self._closed:
                     connection.close()
@@ -110,11 +119,13 @@ class _Session:
     slow API process makes its channels merge deltas (bounded), never the engine wait.
     """
 
-    def __init__(self, connection: Connection, server: EngineServer, capacity: int) -> None:
+    def __init__(
+        self, connection: Connection, shared: _Shared, on_end: Callable[[_Session], None]
+    ) -> None:
         self._connection = connection
-        self._server = server
-        self._engine = server._engine
-        self._capacity = capacity
+        self._shared = shared
+        self._on_end = on_end
+        self._engine = shared.engine
         self._send_lock = threading.Lock()
         self._state = threading.Condition()
         self._live: dict[str, OutputChannel] = {}
@@ -138,7 +149,7 @@ class _Session:
 
     def _read(self) -> None:
         try:
-            self._send(m.HELLO, self._server._hello)
+            self._send(m.HELLO, self._shared.hello)
             while True:
                 self._handle(self._connection.recv())
         except (EOFError, OSError):
@@ -158,7 +169,7 @@ class _Session:
             _log.warning("an API process left; aborted its %d requests", len(orphans))
         with self._send_lock:  # no send may write to the descriptor once it is closed
             self._connection.close()
-        self._server._ended(self)
+        self._on_end(self)
 
     def _handle(self, message: tuple) -> None:
         kind = message[0]
@@ -168,16 +179,17 @@ class _Session:
         call = message[1]
         try:
             if kind == m.CHECK:
-                self._server._checks.submit(self._check, call, message[2])
+                self._shared.checks.submit(self._check, call, message[2])
                 return
+            value: object = None
             if kind == m.SUBMIT:
-                value = self._submit(message[2])
+                self._submit(message[2])
             elif kind == m.STORE_GET:
-                value = self._server._store.get(message[2])
+                value = self._shared.store.get(message[2])
             elif kind == m.STORE_PUT:
-                value = self._server._store.put(message[2], message[3])
+                self._shared.store.put(message[2], message[3])
             elif kind == m.HEALTH:
-                value = self._server._failure()
+                value = self._shared.failure()
             else:
                 raise ValueError(f"unknown message {kind!r}")
         except Exception as error:  # noqa: BLE001 - the caller's request fails, the session goes on
@@ -206,21 +218,12 @@ class _Session:
         checked = [self._checked(request) for request in requests]
         channels = [
             OutputChannel(
-                self._capacity, on_ready=functools.partial(self._mark, request.request_id)
+                self._shared.capacity, on_ready=functools.partial(self._mark, request.request_id)
             )
             for request in requests
         ]
-        # Registered before the engine sees them: its first output may come at once.
-        with self._state:
-            for request, channel in zip(requests, channels, strict=True):
-                self._live[request.request_id] = channel
-        try:
+        with m.routed(self._live, self._state, requests, channels):
             self._engine.submit_all(list(zip(checked, channels, strict=True)))
-        except Exception:
-            with self._state:
-                for request in requests:
-                    self._live.pop(request.request_id, None)
-            raise
 
     def _checked(self, request: EngineRequest) -> CheckedRequest:
         """The check made for this request (one with a grammar), else a fresh one."""

@@ -1,4 +1,4 @@
-"""Runs another executor's submissions on one worker thread, so the engine plans while it works."""
+"""Runs another executor's submissions on one worker thread, so the engine works while it runs."""
 
 from __future__ import annotations
 
@@ -12,45 +12,40 @@ from ports.executor import ModelExecutor
 
 class BackgroundExecutor:
     """Implements `ports.executor.ModelExecutor` over `inner`: `submit` queues the plan and
-    returns at once; the worker thread submits it to `inner` and reads its frame back at once,
-    in submission order; `read` waits for that result.
+    returns at once, and the worker thread submits the plans to `inner` in order; `read`
+    waits until its frame's submission is done, then reads the frame on the calling thread.
 
-    Reading on the worker as soon as a step completes keeps the double-buffered frames safe
-    however far the engine runs ahead, and puts the decoding of the frame's records and
-    logprobs on the worker too, beside the device. The worker is the only thread that touches
-    `inner`, so its per-slot state (penalties, grammar matchers, the previous submission's
-    tokens that fill a plan made ahead) changes in submission order. A submission that raises
-    raises from its `read`.
+    So the engine reads and emits step N while the worker runs step N + 1: the inner
+    executor's two frames hold the two steps, and `read` of one touches nothing that `submit`
+    of the other writes (`CompletionOutputs` keeps records, requests and payload per frame).
+    Only the worker submits, so the inner executor's per-slot state (penalties, grammar
+    matchers, the previous submission's tokens that fill a plan made ahead) changes in
+    submission order. A submission that raised raises from its `read`. On CUDA the frame's
+    copy to the host queues behind the next step on the default stream, so there the read
+    overlaps only the host's decoding, not the device.
     """
 
     def __init__(self, inner: ModelExecutor) -> None:
         self._inner = inner
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="helios-device")
-        self._results: dict[int, Future[FrameResult]] = {}
+        self._submitted: dict[int, Future[int]] = {}
         self._next_frame = 0
 
     @property
     def geometry(self) -> ExecutorGeometry:
         return self._inner.geometry
 
-    @property
-    def inner(self) -> ModelExecutor:
-        return self._inner
-
     def submit(self, plan: StepPlan) -> int:
         frame = self._next_frame
-        if frame in self._results:
+        if frame in self._submitted:
             raise RuntimeError(f"frame {frame} is submitted again before it was read")
         self._next_frame ^= 1
-        self._results[frame] = self._worker.submit(self._run, plan)
+        self._submitted[frame] = self._worker.submit(self._inner.submit, plan)
         return frame
 
     def read(self, frame: int) -> FrameResult:
-        return self._results.pop(frame).result()
+        return self._inner.read(self._submitted.pop(frame).result())
 
     def close(self) -> None:
         """Lets the submissions queued finish, then ends the worker."""
         self._worker.shutdown(wait=True)
-
-    def _run(self, plan: StepPlan) -> FrameResult:
-        return self._inner.read(self._inner.submit(plan))

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
+from adapters.http.doorbell import Doorbell
 from domain.emission.channel import OutputChannel
 from domain.emission.outputs import ChoiceDelta, PromptScores, RequestEnd
 from domain.requests.engine_request import CheckedRequest, EngineRequest
@@ -60,13 +60,11 @@ class RequestGroup:
 
     async def items(self) -> AsyncIterator[tuple[int, ChoiceDelta | PromptScores | RequestEnd]]:
         """Yields (prompt index, item) until every request has ended."""
-        loop = asyncio.get_running_loop()
         ready = asyncio.Event()
+        doorbell = Doorbell.of(asyncio.get_running_loop())
 
         def wake() -> None:
-            # Runs on the engine thread; a consumer whose loop has closed is simply gone.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(ready.set)
+            doorbell.ring(ready)  # on the engine thread
 
         channels = [OutputChannel(self._capacity, on_ready=wake) for _ in self._requests]
         submitted: list[str] = []

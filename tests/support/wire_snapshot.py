@@ -8,6 +8,8 @@ with sorted keys. Run it before and after a change and compare the files byte fo
 
 `--raw` keeps each response's body as sent instead (key order, float text and whitespace as the
 server wrote them; IDs and times still replaced), for changes to how JSON is written.
+`--async-scheduling` serves with the overlapped engine loop, whose wire must equal the
+synchronous loop's.
 
 The server runs with its defaults, the prefix cache included: requests that repeat a prompt read
 its cached blocks, so their usage names cached tokens and their values may move in the last
@@ -221,7 +223,8 @@ def _raw(text: str) -> str:
     return _RAW_TIMES.sub(r"\g<1>0", _RAW_IDS.sub(r'\g<1>"<id>"', text))
 
 
-def _record(app: object, method: str, path: str, body: dict | None, *, raw: bool) -> dict:
+def record_one(app: object, method: str, path: str, body: dict | None, *, raw: bool) -> dict:
+    """One request's answer as the snapshot writes it (IDs and times replaced)."""
     if body is not None and body.get("stream"):
         status, text = stream_post(app, path, json=body)
         if raw:
@@ -240,8 +243,11 @@ def _record(app: object, method: str, path: str, body: dict | None, *, raw: bool
     }
 
 
-def record(output: Path, *, raw: bool = False, prefix_caching: bool = True) -> int:
+def record(
+    output: Path, *, raw: bool = False, async_scheduling: bool = False, prefix_caching: bool = True
+) -> int:
     config = ServeConfig(
+        async_scheduling=async_scheduling,
         prefix_caching="sha256" if prefix_caching else None,
         runner=RunnerSettings(
             device="cpu",
@@ -257,7 +263,7 @@ def record(output: Path, *, raw: bool = False, prefix_caching: bool = True) -> i
         requests = _api_md_requests() + [("POST", path, body) for path, body in SEEDED]
         with output.open("w", encoding="utf-8") as sink:
             for method, path, body in requests:
-                line = _record(app, method, path, body, raw=raw)
+                line = record_one(app, method, path, body, raw=raw)
                 sink.write(json.dumps(line, sort_keys=True) + "\n")
     finally:
         served.stop()
@@ -267,6 +273,9 @@ def record(output: Path, *, raw: bool = False, prefix_caching: bool = True) -> i
 if __name__ == "__main__":
     flags = sys.argv[2:]
     count = record(
-        Path(sys.argv[1]), raw="--raw" in flags, prefix_caching="--no-prefix-caching" not in flags
+        Path(sys.argv[1]),
+        raw="--raw" in flags,
+        async_scheduling="--async-scheduling" in flags,
+        prefix_caching="--no-prefix-caching" not in flags,
     )
     print(f"recorded {count} responses into {sys.argv[1]}")

@@ -165,8 +165,8 @@ class CompletionOutputs:
     def commit(self, frame: int, records: list[CompletionRecord]) -> None:
         """Encodes the lanes' records into the frame's ABI6 words, which `read` decodes.
 
-        Parked in part: serving reads each frame straight after submitting it (`Engine.step`
-        runs `read(submit(plan))`), so the second frame waits for an overlapped step loop.
+        The synchronous loop reads each frame straight after submitting it; the overlapped
+        loop (`--async-scheduling`) reads one frame while the next submission writes the other.
         """
         capacity = self._geometry.token_capacity
         slots = [record.slot for record in records]

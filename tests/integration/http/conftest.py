@@ -34,16 +34,18 @@ def serve_tiny(
     max_num_batched_tokens: int | None = None,
     speculative_config: str | None = None,
     observer: RecordingObserver | None = None,
+    async_scheduling: bool = False,
     prefix_caching: str | None = None,
     **runner: object,
 ) -> ServedModel:
     """The tiny model behind a started engine; the caller stops it.
 
     `runner` overrides RunnerSettings fields; without a token budget ServeConfig's default holds.
-    `speculative_config` is `--speculative-config`'s JSON; `observer` gets the engine's steps.
-    The prefix cache is off unless `prefix_caching` names its hash: these servers' tests send
-    the same prompt again and compare the answers bit for bit, usage included, which a cache hit
-    may move (contracts/api.md, "Prefix caching"); test_prefix_caching_http serves with it.
+    `speculative_config` is `--speculative-config`'s JSON; `observer` gets the engine's steps;
+    `async_scheduling` serves with the overlapped loop. The prefix cache is off unless
+    `prefix_caching` names its hash: these servers' tests send the same prompt again and compare
+    the answers bit for bit, usage included, which a cache hit may move (contracts/api.md,
+    "Prefix caching"); test_prefix_caching_http serves with it.
     """
     settings = dict(
         device="cpu",
@@ -61,6 +63,7 @@ def serve_tiny(
         served_model_name=MODEL_NAME,
         runner=RunnerSettings(**settings),
         speculative_config=speculative_config,
+        async_scheduling=async_scheduling,
         prefix_caching=prefix_caching,
         **budget,
     )

@@ -159,7 +159,8 @@ def _drive(executor, tokenizer: HfTokenizer) -> dict[str, Any]:
     # The overlapped loop: rank 0's plans carry placeholders every rank fills from its records.
     overlapped = BackgroundExecutor(executor)
     config = EngineConfig(max_num_seqs=8, max_num_batched_tokens=BUDGET, async_scheduling=True)
-    drained = drain(Engine(overlapped, tokenizer, config), _requests(tokenizer))
+    engine = Engine(overlapped, tokenizer, config, grammars=LlguidanceCompiler(tokenizer))
+    drained = drain(engine, _requests(tokenizer))
     overlapped.close()
     results["overlapped"] = {name: _outputs(items) for name, items in drained.items()}
     return results
