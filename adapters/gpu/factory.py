@@ -43,6 +43,9 @@ class RunnerSettings:
     prompt_logprobs: bool = False
     # Ranks that share the model (vLLM's --tensor-parallel-size).
     tensor_parallel_size: int = 1
+    # Kernels whose every row is computed alike whatever shares the forward (vLLM's
+    # VLLM_BATCH_INVARIANT): adapters/gpu/model/invariant.py.
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
@@ -60,6 +63,9 @@ class RunnerSettings:
             raise ValueError(
                 f"tensor_parallel_size must be positive, got {self.tensor_parallel_size}"
             )
+        if self.batch_invariant and self.tensor_parallel_size > 1:
+            # The all-reduce sums each element in an order set by its place in the tensor.
+            raise ValueError("batch-invariant mode does not support tensor parallelism yet")
 
     def resolve_device(self, local_rank: int = 0) -> torch.device:
         """The device of the rank with `local_rank` on its machine (cuda:local_rank on GPUs)."""
@@ -141,7 +147,15 @@ def build_executor(
             f"--max-num-seqs {settings.max_num_seqs} exceeds the core's slot "
             f"capacity {capacity}; export the core with a larger --max-num-seqs"
         )
-    model = load_model(model_dir, dtype=dtype, device=device, split=split, collectives=collectives)
+    invariant = settings.batch_invariant
+    model = load_model(
+        model_dir,
+        dtype=dtype,
+        device=device,
+        split=split,
+        collectives=collectives,
+        batch_invariant=invariant,
+    )
     max_model_len = settings.max_model_len or config.max_position_embeddings
     if max_model_len > config.max_position_embeddings:
         raise ValueError(
@@ -181,7 +195,7 @@ def build_executor(
     backend = settings.resolve_logprobs_backend(device)
     draft = None
     if draft_dir is not None and draft_config is not None:
-        draft_model = load_model(draft_dir, dtype=dtype, device=device)
+        draft_model = load_model(draft_dir, dtype=dtype, device=device, batch_invariant=invariant)
         draft_cache = PagedKVCache.allocate(
             draft_config, num_blocks, settings.block_size, dtype, device
         )

@@ -28,13 +28,15 @@ def build_engine(
     grammars: LlguidanceCompiler | None = None,
     observer: EngineObserver | None = None,
     overlapped: bool = False,
+    batch_invariant: bool = False,
 ) -> tuple[Engine, HfTokenizer, list[StepPlan]]:
     """(engine, tokenizer, plans): `plans` grows by each plan the executor is given.
 
     The defaults suit the tiny test models: chunked prefill within a 32-token budget. The
     engine and the executor share `grammars` (a fresh compiler by default); `observer` gets
     the engine's steps. `overlapped` runs the engine's async scheduling over the executor on
-    a background thread, as `helios serve --async-scheduling` does.
+    a background thread, as `helios serve --async-scheduling` does; `batch_invariant` builds
+    the model with the batch-invariant kernels (`helios serve --batch-invariant`).
     """
     tokenizer = HfTokenizer.from_dir(model_dir)
     settings = RunnerSettings(
@@ -43,6 +45,7 @@ def build_engine(
         max_model_len=max_model_len,
         kv_cache_bytes=kv_bytes,
         block_size=block_size,
+        batch_invariant=batch_invariant,
     )
     draft_dir = Path(speculative.model) if speculative and speculative.model else None
     grammars = grammars or LlguidanceCompiler(tokenizer)
