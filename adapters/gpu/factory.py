@@ -133,6 +133,10 @@ def build_executor(
     arguments, in step: building runs collectives.
     """
     device = settings.resolve_device(local_rank)
+    if settings.batch_invariant and device.type != "cpu":
+        # cuBLAS and the fused attention kernels choose tiles and split-K by shape; the torch
+        # path here is invariant on MKL only (docs/batch-invariance.md, "CUDA").
+        raise ValueError("--batch-invariant runs on the CPU only for now (--device cpu)")
     dtype = settings.resolve_dtype(device)
     config = ModelConfig.from_dir(model_dir)
     split: RankSplit | None = None

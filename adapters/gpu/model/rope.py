@@ -118,9 +118,7 @@ class RotaryEmbedding:
     Follows the rotate-half convention: the head's first and second halves form the pairs.
     """
 
-    def __init__(
-        self, config: ModelConfig, device: torch.device, tabulated: bool = False
-    ) -> None:
+    def __init__(self, config: ModelConfig, device: torch.device, tabulated: bool = False) -> None:
         inv_freq, self._attention_scaling = inverse_frequencies(config)
         self._inv_freq = inv_freq.to(device)
         scaling = config.rope_scaling

@@ -60,11 +60,12 @@ def requests(vocab: int) -> list[EngineRequest]:
 
 class Acceptance:
     def __init__(self) -> None:
-        self.offered = self.accepted = 0
+        self.offered = self.accepted = self.preemptions = 0
 
     def record_step(self, stats: StepStats) -> None:
         self.offered += stats.spec_draft_tokens
         self.accepted += stats.spec_accepted_tokens
+        self.preemptions += stats.preemptions
 
 
 def run(
@@ -75,6 +76,7 @@ def run(
     speculative: SpeculativeConfig | None = None,
     batch_invariant: bool = True,
     observer: Acceptance | None = None,
+    kv_bytes: int = 16 << 20,
 ) -> dict[str, list]:
     """Each request's channel items."""
     capability = LogprobCapability(
@@ -84,7 +86,7 @@ def run(
         model_dir,
         budget=budget,
         max_model_len=MAX_MODEL_LEN,
-        kv_bytes=16 << 20,
+        kv_bytes=kv_bytes,
         capability=capability,
         speculative=speculative,
         batch_invariant=batch_invariant,
@@ -152,6 +154,17 @@ def test_ngram_speculation_changes_no_bit_of_a_greedy_request(tiny_model_dir, al
     assert len(greedy) >= 4
     for name in greedy:
         assert speculated[name] == expected[name], name
+
+
+def test_requests_preempted_and_recomputed_equal_uninterrupted_ones_to_the_bit(
+    tiny_model_dir, alone
+):
+    # 64 blocks of 4 positions: far fewer than the requests hold together (about 700).
+    pressure = Acceptance()
+    squeezed = run(tiny_model_dir, budget=64, kv_bytes=128 << 10, observer=pressure)
+
+    assert pressure.preemptions > 0
+    assert exact(squeezed) == exact(alone)
 
 
 def test_the_default_mode_samples_the_same_greedy_tokens_with_values_within_rounding(

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import random
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from adapters.cli.runner_args import add_runner_arguments, runner_settings
+from adapters.gpu.factory import RunnerSettings, build_executor
 from adapters.gpu.loading.weights import load_model
 from adapters.gpu.model.decoder import DecoderModel
 from adapters.gpu.model.forward_batch import ForwardBatch, SequenceChunk
@@ -58,9 +62,7 @@ def test_blocked_attention_matches_softmax_attention_and_ignores_keys_past_the_q
     # The same query with three more blocks of hidden keys (other cache rows) behind it.
     wider = torch.cat((slots, torch.randint(0, 4 * KEY_BLOCK, (1, 3 * KEY_BLOCK))), dim=1)
     hidden = torch.cat((visible, torch.zeros(1, 1, 1, 3 * KEY_BLOCK, dtype=torch.bool)), dim=3)
-    assert torch.equal(
-        blocked_attention(queries, key_cache, value_cache, wider, hidden, 0.25), out
-    )
+    assert torch.equal(blocked_attention(queries, key_cache, value_cache, wider, hidden, 0.25), out)
 
 
 @pytest.fixture(scope="module", params=sorted(CHECKPOINTS))
@@ -74,9 +76,7 @@ class Sequences:
 
     def __init__(self, model: DecoderModel) -> None:
         self.model = model
-        self.cache = PagedKVCache.allocate(
-            model.config, NUM_BLOCKS, BLOCK_SIZE, torch.float32, CPU
-        )
+        self.cache = PagedKVCache.allocate(model.config, NUM_BLOCKS, BLOCK_SIZE, torch.float32, CPU)
 
     def logits(self, prompts: Sequence[tuple[int, ...]], cuts: Sequence[Sequence[int]]):
         """Per prompt, the logits of its every position [len, V] when prompt i is fed in the
@@ -129,3 +129,19 @@ def test_a_sequence_has_the_same_logits_alone_chunked_decoded_or_batched(model):
         for name, found in (("batched", batched), ("decoded", decoded), ("chunked", chunked)):
             assert torch.equal(found[index], expected), (name, index)
         assert torch.equal(mixed[index], expected), ("mixed", index)
+
+
+def test_the_flag_defaults_off_and_maps_to_the_runner_settings():
+    parser = argparse.ArgumentParser()
+    add_runner_arguments(parser)
+
+    assert not runner_settings(parser.parse_args([])).batch_invariant
+    assert runner_settings(parser.parse_args(["--batch-invariant"])).batch_invariant
+
+
+def test_the_mode_refuses_tensor_parallelism_and_cuda_before_loading_anything(tmp_path: Path):
+    with pytest.raises(ValueError, match="does not support tensor parallelism"):
+        RunnerSettings(batch_invariant=True, tensor_parallel_size=2)
+    cuda = RunnerSettings(device="cuda", batch_invariant=True)
+    with pytest.raises(ValueError, match="runs on the CPU only"):
+        build_executor(tmp_path / "absent", cuda, VOCAB_SIZE)
