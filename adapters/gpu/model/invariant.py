@@ -1,13 +1,15 @@
 """Batch-invariant kernels: a row's result depends on that row's inputs, never on its neighbours.
 
-Measured on the CPU (MKL sgemm, torch 2.13, AVX-512): a GEMM's row does not change with the
-row count once the call has at least 4 rows; with 1 to 3 rows MKL takes other kernels (a
-matrix-vector path) that reduce in another order, which is where batch 1 and batch N differ by
-up to 3e-5 on SmolLM2. So every matmul here gets at least `MIN_GEMM_ROWS` rows (zero padding)
-and its reduction dimension is fixed by the model (hidden, inner, head size, `KEY_BLOCK`), never
-by the batch. Attention reduces each query's keys in blocks of `KEY_BLOCK` positions counted
-from position 0, combined in block order, so a query sees the same sums whether its keys came
-in one chunk or many, in a decode row or a verification chunk, next to short or long neighbours.
+Measured on the CPU (MKL sgemm, torch 2.13, AVX-512, 1 and 2 threads): a GEMM's row keeps its
+bits whatever the row count as long as that count is a multiple of 4. With 1 to 3 rows MKL
+takes other kernels (a matrix-vector path) that reduce in another order, and with 2 threads it
+splits 5 to 11 rows into per-thread pieces that hit those kernels; this is where batch 1 and
+batch N differ by up to 3e-5 on SmolLM2. So every matmul here gets a multiple of
+`GEMM_ROW_GRANULE` rows (zero padding), and its reduction dimension is fixed by the model
+(hidden, inner, head size, `KEY_BLOCK`), never by the batch. Attention reduces each query's keys
+in blocks of `KEY_BLOCK` positions counted from position 0, combined in block order, so a query
+sees the same sums whether its keys came in one chunk or many, in a decode row or a
+verification chunk, next to short or long neighbours.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-# Rows below which MKL switches kernels (measured: 1, 2 and 3 rows reduce differently).
-MIN_GEMM_ROWS = 4
+# Every GEMM's row count is a multiple of this (measured: see the module docstring).
+GEMM_ROW_GRANULE = 4
 # Keys per attention block: a multiple of every vector width, so no key takes a scalar tail.
 KEY_BLOCK = 64
 
@@ -26,9 +28,9 @@ def invariant_linear(
 ) -> torch.Tensor:
     """`rows @ weight.T + bias` [N, out] computed alike for every row count N."""
     count = rows.shape[0]
-    if count >= MIN_GEMM_ROWS:
+    if count and count % GEMM_ROW_GRANULE == 0:
         return F.linear(rows.contiguous(), weight, bias)
-    padded = rows.new_zeros((MIN_GEMM_ROWS, rows.shape[1]))
+    padded = rows.new_zeros((_granules(count), rows.shape[1]))
     padded[:count] = rows
     return F.linear(padded, weight, bias)[:count]
 
@@ -57,7 +59,7 @@ def blocked_attention(
     if padding:
         kv_slots = F.pad(kv_slots, (0, padding))  # padding reads row 0, masked below
         mask = F.pad(mask, (0, padding), value=False)
-    padded_rows = max(rows, MIN_GEMM_ROWS)
+    padded_rows = _granules(rows)
     if padded_rows != rows:
         queries = F.pad(queries, (0, 0, 0, padded_rows - rows))
         if mask.shape[2] != 1:
@@ -74,6 +76,11 @@ def blocked_attention(
     weighted = torch.matmul(weights, values).cumsum(dim=2)[:, :, -1]  # [S, H, R', D]
     out = weighted / totals[..., None]
     return out[:, :, :rows]
+
+
+def _granules(rows: int) -> int:
+    """`rows` rounded up to a positive multiple of GEMM_ROW_GRANULE."""
+    return max(1, -(-rows // GEMM_ROW_GRANULE)) * GEMM_ROW_GRANULE
 
 
 def _blocks(cache: torch.Tensor, slots: torch.Tensor, blocks: int) -> torch.Tensor:

@@ -76,13 +76,11 @@ def requests() -> list[EngineRequest]:
 
 
 def exact(items: list) -> list[str]:
-    """Tokens and logprob entries as exact reprs (a float's repr round-trips its bits)."""
-    found = []
-    for item in items:
-        if isinstance(item, ChoiceDelta):
-            found.extend(f"token {t}" for t in item.token_ids)
-            found.extend(repr(entry.position) for entry in item.logprobs)
-    return found
+    """Tokens, then logprob entries, as exact reprs (a float's repr round-trips its bits),
+    however many a delta carried."""
+    deltas = [item for item in items if isinstance(item, ChoiceDelta)]
+    tokens = [f"token {t}" for delta in deltas for t in delta.token_ids]
+    return tokens + [repr(entry.position) for delta in deltas for entry in delta.logprobs]
 
 
 @pytest.fixture(scope="module")
