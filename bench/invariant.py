@@ -99,7 +99,7 @@ def main() -> None:
     args = parser.parse_args()
 
     engines = {}
-    tokenizer = None
+    loaded = None
     for mode in MODES:
         runner = RunnerSettings(
             device="cpu",
@@ -109,7 +109,9 @@ def main() -> None:
             batch_invariant=mode == "invariant",
         )
         loaded = bootstrap.load(None, runner, EngineConfig(max_num_batched_tokens=1024))
-        engines[mode], tokenizer = loaded.engine, loaded.tokenizer
+        engines[mode] = loaded.engine
+    assert loaded is not None
+    tokenizer = loaded.tokenizer
     prompts = []
     for question in QUESTIONS:
         rendered = tokenizer.apply_chat_template([{"role": "user", "content": question}])

@@ -148,7 +148,9 @@ class RotaryEmbedding:
             self._tables[dtype] = self._computed(every, dtype)
         return self._tables[dtype]
 
-    def _computed(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    def _computed(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if self._dynamic:
             inv_freq = dynamic_ntk_inverse_frequencies(self._config, positions)
             angles = positions.to(torch.float32)[:, None] * inv_freq
