@@ -12,6 +12,7 @@ from adapters.gpu.distributed.split import RankSplit, split_model
 from adapters.gpu.executor import TorchExecutor
 from adapters.gpu.loading.weights import load_model
 from adapters.gpu.model.config import ModelConfig
+from adapters.gpu.model.invariant import check_row_invariance
 from adapters.gpu.model.kv_cache import PagedKVCache
 from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
 from adapters.gpu.speculation.draft_runner import DraftRunner
@@ -160,6 +161,8 @@ def build_executor(
         collectives=collectives,
         batch_invariant=invariant,
     )
+    if invariant:
+        check_row_invariance(model.gemm_weights())
     max_model_len = settings.max_model_len or config.max_position_embeddings
     if max_model_len > config.max_position_embeddings:
         raise ValueError(
@@ -200,6 +203,8 @@ def build_executor(
     draft = None
     if draft_dir is not None and draft_config is not None:
         draft_model = load_model(draft_dir, dtype=dtype, device=device, batch_invariant=invariant)
+        if invariant:
+            check_row_invariance(draft_model.gemm_weights())
         draft_cache = PagedKVCache.allocate(
             draft_config, num_blocks, settings.block_size, dtype, device
         )

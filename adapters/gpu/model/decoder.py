@@ -211,6 +211,17 @@ class DecoderModel(nn.Module):
             )
         return rms_norm(hidden, self.norm_weight, self.config.rms_norm_eps)
 
+    def gemm_weights(self) -> list[torch.Tensor]:
+        """One weight of each matmul shape the model runs (a layer's four, the LM head)."""
+        layer = self.layers[0]
+        return [
+            layer.qkv_weight,
+            layer.output_weight,
+            layer.gate_up_weight,
+            layer.down_weight,
+            self.lm_head_weight,
+        ]
+
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Embedding rows; a split model looks up the IDs it owns and sums the ranks' rows
         (exact: every other rank adds zeros)."""

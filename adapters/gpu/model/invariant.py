@@ -14,6 +14,8 @@ verification chunk, next to short or long neighbours.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 import torch.nn.functional as F
 
@@ -33,6 +35,35 @@ def invariant_linear(
     padded = rows.new_zeros((_granules(count), rows.shape[1]))
     padded[:count] = rows
     return F.linear(padded, weight, bias)[:count]
+
+
+# Row counts the start-up probe runs: each small count MKL was seen to split or treat apart,
+# a few larger ones, all against the same rows inside one 64-row call.
+_PROBED_COUNTS = (1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 17, 33)
+_PROBE_ROWS = 64
+
+
+class RowInvarianceError(RuntimeError):
+    """This machine's GEMMs give a row different bits for different row counts."""
+
+
+def check_row_invariance(weights: Iterable[torch.Tensor]) -> None:
+    """Raises RowInvarianceError unless `invariant_linear` gives every probed row count the
+    bits the same rows get inside a 64-row call, for each of `weights` [out, in], at this
+    process's thread count. The property is measured, not promised by the BLAS, so a server
+    checks it before it promises bits."""
+    generator = torch.Generator().manual_seed(0)
+    for weight in weights:
+        rows = torch.randn(_PROBE_ROWS, weight.shape[1], generator=generator)
+        rows = rows.to(dtype=weight.dtype, device=weight.device)
+        reference = F.linear(rows, weight)
+        for count in _PROBED_COUNTS:
+            if not torch.equal(invariant_linear(rows[:count], weight), reference[:count]):
+                raise RowInvarianceError(
+                    f"batch-invariant mode: a GEMM of shape {tuple(weight.shape)} gives {count} "
+                    f"rows other bits than {_PROBE_ROWS} rows at {torch.get_num_threads()} "
+                    f"threads on this machine; try another thread count (OMP_NUM_THREADS)"
+                )
 
 
 def blocked_attention(

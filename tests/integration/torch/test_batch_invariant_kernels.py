@@ -14,9 +14,16 @@ import torch.nn.functional as F
 from adapters.cli.runner_args import add_runner_arguments, runner_settings
 from adapters.gpu.factory import RunnerSettings, build_executor
 from adapters.gpu.loading.weights import load_model
+from adapters.gpu.model import invariant
 from adapters.gpu.model.decoder import DecoderModel
 from adapters.gpu.model.forward_batch import ForwardBatch, SequenceChunk
-from adapters.gpu.model.invariant import KEY_BLOCK, blocked_attention, invariant_linear
+from adapters.gpu.model.invariant import (
+    KEY_BLOCK,
+    RowInvarianceError,
+    blocked_attention,
+    check_row_invariance,
+    invariant_linear,
+)
 from adapters.gpu.model.kv_cache import PagedKVCache
 from tests.support.tiny_models import build_tiny_llama, build_tiny_mistral, build_tiny_qwen2
 
@@ -51,6 +58,18 @@ def test_a_linear_row_has_the_same_bits_whatever_the_row_count(threads):
 
     for count in (*range(1, 20), 33, 64, 80):
         assert torch.equal(invariant_linear(rows[:count], weight, bias), alone[:count]), count
+
+
+def test_the_start_up_probe_passes_the_padded_gemm_and_catches_an_unpadded_one(
+    threads, monkeypatch: pytest.MonkeyPatch
+):
+    generator = torch.Generator().manual_seed(2)
+    weights = [torch.randn(96, 64, generator=generator), torch.randn(320, 64, generator=generator)]
+    check_row_invariance(weights)
+
+    monkeypatch.setattr(invariant, "invariant_linear", F.linear)
+    with pytest.raises(RowInvarianceError, match=r"\(96, 64\) gives 1 rows"):
+        check_row_invariance(weights)
 
 
 def test_blocked_attention_matches_softmax_attention_and_ignores_keys_past_the_query():
