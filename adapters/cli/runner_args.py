@@ -105,6 +105,13 @@ def add_runner_arguments(
         "checked token by token): sha256, or blake2b, faster in CPython",
     )
     parser.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="batch-invariant kernels (vLLM's VLLM_BATCH_INVARIANT): a request's tokens and "
+        "logprob bits do not depend on its batch, its prefill chunks or speculation; slower "
+        "(contracts/api.md, 'Batch-invariant mode')",
+    )
+    parser.add_argument(
         "--speculative-config",
         type=_speculative_config,
         default=None,
@@ -134,6 +141,7 @@ def runner_settings(args: argparse.Namespace) -> RunnerSettings:
         logprobs_backend=args.logprobs_backend,
         prompt_logprobs=args.prompt_logprobs,
         tensor_parallel_size=args.tensor_parallel_size,
+        batch_invariant=args.batch_invariant,
     )
 
 

@@ -12,6 +12,7 @@ from adapters.gpu.distributed.split import RankSplit, split_model
 from adapters.gpu.executor import TorchExecutor
 from adapters.gpu.loading.weights import load_model
 from adapters.gpu.model.config import ModelConfig
+from adapters.gpu.model.invariant import check_row_invariance
 from adapters.gpu.model.kv_cache import PagedKVCache
 from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
 from adapters.gpu.speculation.draft_runner import DraftRunner
@@ -43,6 +44,9 @@ class RunnerSettings:
     prompt_logprobs: bool = False
     # Ranks that share the model (vLLM's --tensor-parallel-size).
     tensor_parallel_size: int = 1
+    # Kernels whose every row is computed alike whatever shares the forward (vLLM's
+    # VLLM_BATCH_INVARIANT): adapters/gpu/model/invariant.py.
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
@@ -60,6 +64,9 @@ class RunnerSettings:
             raise ValueError(
                 f"tensor_parallel_size must be positive, got {self.tensor_parallel_size}"
             )
+        if self.batch_invariant and self.tensor_parallel_size > 1:
+            # The all-reduce sums each element in an order set by its place in the tensor.
+            raise ValueError("batch-invariant mode does not support tensor parallelism yet")
 
     def resolve_device(self, local_rank: int = 0) -> torch.device:
         """The device of the rank with `local_rank` on its machine (cuda:local_rank on GPUs)."""
@@ -127,6 +134,10 @@ def build_executor(
     arguments, in step: building runs collectives.
     """
     device = settings.resolve_device(local_rank)
+    if settings.batch_invariant and device.type != "cpu":
+        # cuBLAS and the fused attention kernels choose tiles and split-K by shape; the torch
+        # path here is invariant on MKL only (docs/batch-invariance.md, "CUDA").
+        raise ValueError("--batch-invariant runs on the CPU only for now (--device cpu)")
     dtype = settings.resolve_dtype(device)
     config = ModelConfig.from_dir(model_dir)
     split: RankSplit | None = None
@@ -141,7 +152,17 @@ def build_executor(
             f"--max-num-seqs {settings.max_num_seqs} exceeds the core's slot "
             f"capacity {capacity}; export the core with a larger --max-num-seqs"
         )
-    model = load_model(model_dir, dtype=dtype, device=device, split=split, collectives=collectives)
+    invariant = settings.batch_invariant
+    model = load_model(
+        model_dir,
+        dtype=dtype,
+        device=device,
+        split=split,
+        collectives=collectives,
+        batch_invariant=invariant,
+    )
+    if invariant:
+        check_row_invariance(model.gemm_weights())
     max_model_len = settings.max_model_len or config.max_position_embeddings
     if max_model_len > config.max_position_embeddings:
         raise ValueError(
@@ -181,7 +202,9 @@ def build_executor(
     backend = settings.resolve_logprobs_backend(device)
     draft = None
     if draft_dir is not None and draft_config is not None:
-        draft_model = load_model(draft_dir, dtype=dtype, device=device)
+        draft_model = load_model(draft_dir, dtype=dtype, device=device, batch_invariant=invariant)
+        if invariant:
+            check_row_invariance(draft_model.gemm_weights())
         draft_cache = PagedKVCache.allocate(
             draft_config, num_blocks, settings.block_size, dtype, device
         )

@@ -29,6 +29,7 @@ def build_engine(
     observer: EngineObserver | None = None,
     overlapped: bool = False,
     prefix_caching: str | None = "sha256",
+    batch_invariant: bool = False,
 ) -> tuple[Engine, HfTokenizer, list[StepPlan]]:
     """(engine, tokenizer, plans): `plans` grows by each plan the executor is given.
 
@@ -36,7 +37,8 @@ def build_engine(
     engine and the executor share `grammars` (a fresh compiler by default); `observer` gets
     the engine's steps. `overlapped` runs the engine's async scheduling over the executor on
     a background thread, as `helios serve --async-scheduling` does. The prefix cache is on,
-    as a server's is by default, unless `prefix_caching` is None.
+    as a server's is by default, unless `prefix_caching` is None; `batch_invariant` builds
+    the model with the batch-invariant kernels (`helios serve --batch-invariant`).
     """
     tokenizer = HfTokenizer.from_dir(model_dir)
     settings = RunnerSettings(
@@ -45,6 +47,7 @@ def build_engine(
         max_model_len=max_model_len,
         kv_cache_bytes=kv_bytes,
         block_size=block_size,
+        batch_invariant=batch_invariant,
     )
     draft_dir = Path(speculative.model) if speculative and speculative.model else None
     grammars = grammars or LlguidanceCompiler(tokenizer)

@@ -36,9 +36,11 @@ def load_model(
     device: torch.device | str,
     split: RankSplit | None = None,
     collectives: Collectives | None = None,
+    batch_invariant: bool = False,
 ) -> DecoderModel:
     """Reads `config.json` and the safetensors weights (single file or sharded) of `model_dir`;
-    with a `split`, only this rank's part of each tensor is kept."""
+    with a `split`, only this rank's part of each tensor is kept. `batch_invariant` builds the
+    model with the batch-invariant kernels (`DecoderModel`)."""
     model_dir = Path(model_dir)
     config = ModelConfig.from_dir(model_dir)
     files, owner = _checkpoint_files(model_dir)
@@ -57,7 +59,13 @@ def load_model(
             return handles[file_name].get_tensor(key)
 
         return build_model(
-            config, source, dtype=dtype, device=device, split=split, collectives=collectives
+            config,
+            source,
+            dtype=dtype,
+            device=device,
+            split=split,
+            collectives=collectives,
+            batch_invariant=batch_invariant,
         )
 
 
@@ -92,6 +100,7 @@ def build_model(
     device: torch.device | str,
     split: RankSplit | None = None,
     collectives: Collectives | None = None,
+    batch_invariant: bool = False,
 ) -> DecoderModel:
     """Fills a new `DecoderModel` from tensors named as in Hugging Face Llama checkpoints.
 
@@ -100,7 +109,14 @@ def build_model(
     this rank's heads, MLP columns and vocabulary lanes of each tensor.
     """
     device = torch.device(device)
-    model = DecoderModel(config, dtype=dtype, device=device, split=split, collectives=collectives)
+    model = DecoderModel(
+        config,
+        dtype=dtype,
+        device=device,
+        split=split,
+        collectives=collectives,
+        batch_invariant=batch_invariant,
+    )
     cuts = _cuts(config, split)
 
     def fill(target: torch.Tensor, names: Iterable[str], role: str | None = None) -> None:

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from adapters.gpu.model.forward_batch import DecodeLayout, ForwardBatch, PrefillLayout
+from adapters.gpu.model.invariant import blocked_attention
 
 
 @dataclass(frozen=True, eq=False)
@@ -23,7 +24,15 @@ class AttentionMasks:
     prefill_is_fresh_causal: bool  # the lone chunk may use is_causal on its own new keys
 
     @classmethod
-    def build(cls, batch: ForwardBatch, groups: int, sliding_window: int | None) -> AttentionMasks:
+    def build(
+        cls,
+        batch: ForwardBatch,
+        groups: int,
+        sliding_window: int | None,
+        allow_fresh: bool = True,
+    ) -> AttentionMasks:
+        """`allow_fresh=False` keeps a lone fresh prompt on the masked path that every other
+        chunk takes (batch-invariant mode)."""
         decode_mask = prefill_mask = None
         fresh = False
         if batch.decode is not None:
@@ -33,7 +42,7 @@ class AttentionMasks:
                 earliest = batch.decode.query_positions[:, None, None, None] - sliding_window
                 decode_mask = decode_mask & (key_positions > earliest)
         layout = batch.prefill
-        if layout is not None and layout.fresh_rows is not None:
+        if allow_fresh and layout is not None and layout.fresh_rows is not None:
             first, stop = layout.fresh_rows
             fresh = sliding_window is None or stop - first <= sliding_window
         if layout is not None and not fresh:
@@ -60,12 +69,15 @@ def paged_attention(
     batch: ForwardBatch,
     masks: AttentionMasks,
     scale: float,
+    invariant: bool = False,
 ) -> torch.Tensor:
     """Stores this forward's keys/values in the cache and returns the attention output.
 
     queries [N, heads, head_dim]; keys, values [N, kv_heads, head_dim] (rotated already);
     caches [rows, kv_heads, head_dim]. Returns [N, heads * head_dim]. A query at position p
     of a sequence sees that sequence's keys at positions <= p (and inside the window).
+    `invariant` attends every query through `blocked_attention` (masks built without the
+    fresh path): bit for bit the same whatever shares the forward.
     """
     key_cache.index_copy_(0, batch.slot_mapping, keys)
     value_cache.index_copy_(0, batch.slot_mapping, values)
@@ -73,7 +85,7 @@ def paged_attention(
     num_kv_heads = keys.shape[1]
     groups = num_heads // num_kv_heads
     decode_out = prefill_out = None
-    cache = _PagedCache(key_cache, value_cache, groups, scale)
+    cache = _PagedCache(key_cache, value_cache, groups, scale, invariant)
     if batch.decode is not None:
         decode_out = cache.decode(queries, batch.decode, _built(masks.decode))
         if batch.decode.covers_all_rows:
@@ -101,6 +113,7 @@ class _PagedCache:
     values: torch.Tensor
     groups: int  # query heads per key/value head
     scale: float
+    invariant: bool = False
 
     def decode(
         self, queries: torch.Tensor, layout: DecodeLayout, mask: torch.Tensor
@@ -137,6 +150,8 @@ class _PagedCache:
         self, folded: torch.Tensor, kv_slots: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
         """Folded queries [S, kv_heads, q, head_dim] over the cache rows `kv_slots` [S, L]."""
+        if self.invariant:
+            return blocked_attention(folded, self.keys, self.values, kv_slots, mask, self.scale)
         keys, values = _gather(self.keys, kv_slots), _gather(self.values, kv_slots)
         return F.scaled_dot_product_attention(
             folded, keys, values, attn_mask=mask, scale=self.scale

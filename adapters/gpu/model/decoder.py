@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -11,6 +13,7 @@ from adapters.gpu.distributed.split import RankSplit
 from adapters.gpu.model.attention import AttentionMasks, paged_attention
 from adapters.gpu.model.config import ModelConfig
 from adapters.gpu.model.forward_batch import ForwardBatch
+from adapters.gpu.model.invariant import invariant_linear
 from adapters.gpu.model.kv_cache import PagedKVCache
 from adapters.gpu.model.rope import RotaryEmbedding, apply_rotary
 
@@ -32,17 +35,21 @@ def _optional(
     return _weight(size, dtype=dtype, device=device) if present else None
 
 
+Linear = Callable[..., torch.Tensor]
+
+
 def _row_parallel(
     rows: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     collectives: Collectives | None,
+    linear: Linear = F.linear,
 ) -> torch.Tensor:
     """`rows @ weight.T + bias` where each rank holds some input columns: the partial products
     are summed across ranks before the (whole) bias joins once."""
     if collectives is None:
-        return F.linear(rows, weight, bias)
-    partial = F.linear(rows, weight)
+        return linear(rows, weight, bias)
+    partial = linear(rows, weight)
     collectives.all_reduce(partial, "model")
     return partial if bias is None else partial + bias
 
@@ -53,7 +60,8 @@ class DecoderLayer(nn.Module):
     q/k/v and gate/up projections are fused into one matmul each; the loader concatenates
     the checkpoint's separate weights in that order. Under tensor parallelism `config` holds
     this rank's heads and MLP columns (column-parallel q/k/v and gate/up, row-parallel output
-    and down projections joined by an all-reduce).
+    and down projections joined by an all-reduce). `batch_invariant` takes the kernels of
+    `adapters.gpu.model.invariant` for every matmul and the attention.
     """
 
     def __init__(
@@ -62,9 +70,12 @@ class DecoderLayer(nn.Module):
         dtype: torch.dtype,
         device: torch.device,
         collectives: Collectives | None = None,
+        batch_invariant: bool = False,
     ) -> None:
         super().__init__()
         self._collectives = collectives
+        self._invariant = batch_invariant
+        self._linear: Linear = invariant_linear if batch_invariant else F.linear
         hidden = config.hidden_size
         head_dim = config.head_dim
         self.num_heads = config.num_attention_heads
@@ -98,7 +109,8 @@ class DecoderLayer(nn.Module):
         num_rows = hidden.shape[0]
         rotated_heads = self.num_heads + self.num_kv_heads
         normed = rms_norm(hidden, self.input_norm, self.eps)
-        qkv = F.linear(normed, self.qkv_weight, self.qkv_bias).view(num_rows, -1, self.head_dim)
+        linear = self._linear
+        qkv = linear(normed, self.qkv_weight, self.qkv_bias).view(num_rows, -1, self.head_dim)
         # Queries and keys are adjacent heads, so one rotation covers both.
         rotated = apply_rotary(qkv[:, :rotated_heads], cos, signed_sin)
         attended = paged_attention(
@@ -110,12 +122,17 @@ class DecoderLayer(nn.Module):
             batch,
             masks,
             self.scale,
+            self._invariant,
         )
         reduce = self._collectives
-        hidden = hidden + _row_parallel(attended, self.output_weight, self.output_bias, reduce)
+        hidden = hidden + _row_parallel(
+            attended, self.output_weight, self.output_bias, reduce, linear
+        )
         normed = rms_norm(hidden, self.post_attention_norm, self.eps)
-        gate, up = F.linear(normed, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
-        return hidden + _row_parallel(F.silu(gate) * up, self.down_weight, self.down_bias, reduce)
+        gate, up = linear(normed, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
+        return hidden + _row_parallel(
+            F.silu(gate) * up, self.down_weight, self.down_bias, reduce, linear
+        )
 
 
 class DecoderModel(nn.Module):
@@ -129,6 +146,10 @@ class DecoderModel(nn.Module):
     With a `split` over several ranks, `collectives` joins them: the model holds that rank's
     heads and MLP columns and its vocabulary lanes [start, stop) of the embedding and the LM
     head; `compute_logits` returns only those lanes, and no rank ever holds a full row.
+
+    `batch_invariant` makes every row's hidden state and logits independent of the batch: which
+    rows share the forward, how a prompt was chunked, how many rows a speculative round feeds
+    (see `adapters.gpu.model.invariant`); rotary tables come from one table of every position.
     """
 
     def __init__(
@@ -139,10 +160,13 @@ class DecoderModel(nn.Module):
         device: torch.device,
         split: RankSplit | None = None,
         collectives: Collectives | None = None,
+        batch_invariant: bool = False,
     ) -> None:
         super().__init__()
         if split is not None and not split.whole and collectives is None:
             raise ValueError("a model split over several ranks needs their collectives")
+        self.batch_invariant = batch_invariant
+        self._linear: Linear = invariant_linear if batch_invariant else F.linear
         self.split = None if split is None or split.whole else split
         self.collectives = collectives if self.split is not None else None
         self.config = self.split.local_config(config) if self.split is not None else config
@@ -152,7 +176,7 @@ class DecoderModel(nn.Module):
         vocab, hidden = self.vocab_lanes[1] - self.vocab_lanes[0], config.hidden_size
         self.embed_weight = _weight(vocab, hidden, dtype=dtype, device=self.device)
         self.layers = nn.ModuleList(
-            DecoderLayer(self.config, dtype, self.device, self.collectives)
+            DecoderLayer(self.config, dtype, self.device, self.collectives, batch_invariant)
             for _ in range(config.num_hidden_layers)
         )
         self.norm_weight = _weight(hidden, dtype=dtype, device=self.device)
@@ -160,7 +184,7 @@ class DecoderModel(nn.Module):
             self.lm_head_weight = self.embed_weight
         else:
             self.lm_head_weight = _weight(vocab, hidden, dtype=dtype, device=self.device)
-        self.rotary = RotaryEmbedding(config, self.device)
+        self.rotary = RotaryEmbedding(config, self.device, tabulated=batch_invariant)
         self._windows = config.sliding_windows
         self._groups = self.config.num_query_groups
 
@@ -170,8 +194,9 @@ class DecoderModel(nn.Module):
         self._check(batch, kv_cache)
         hidden = self._embed(batch.input_ids)
         cos, signed_sin = self.rotary.cos_sin(batch.positions, self.dtype)
+        fresh = not self.batch_invariant
         masks = {
-            window: AttentionMasks.build(batch, self._groups, window)
+            window: AttentionMasks.build(batch, self._groups, window, allow_fresh=fresh)
             for window in set(self._windows)
         }
         for index, layer in enumerate(self.layers):
@@ -185,6 +210,17 @@ class DecoderModel(nn.Module):
                 masks[self._windows[index]],
             )
         return rms_norm(hidden, self.norm_weight, self.config.rms_norm_eps)
+
+    def gemm_weights(self) -> list[torch.Tensor]:
+        """One weight of each matmul shape the model runs (a layer's four, the LM head)."""
+        layer = self.layers[0]
+        return [
+            layer.qkv_weight,
+            layer.output_weight,
+            layer.gate_up_weight,
+            layer.down_weight,
+            self.lm_head_weight,
+        ]
 
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Embedding rows; a split model looks up the IDs it owns and sums the ranks' rows
@@ -207,7 +243,7 @@ class DecoderModel(nn.Module):
     def compute_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """Float32 logits [R, lanes] of final-normed hidden rows [R, hidden]: the whole model
         vocabulary, or a split model's own vocabulary lanes."""
-        return F.linear(hidden_rows, self.lm_head_weight).float()
+        return self._linear(hidden_rows, self.lm_head_weight).float()
 
     def _check(self, batch: ForwardBatch, kv_cache: PagedKVCache) -> None:
         if batch.block_size != kv_cache.block_size:

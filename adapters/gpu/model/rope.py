@@ -118,12 +118,18 @@ class RotaryEmbedding:
     Follows the rotate-half convention: the head's first and second halves form the pairs.
     """
 
-    def __init__(self, config: ModelConfig, device: torch.device) -> None:
+    def __init__(self, config: ModelConfig, device: torch.device, tabulated: bool = False) -> None:
         inv_freq, self._attention_scaling = inverse_frequencies(config)
         self._inv_freq = inv_freq.to(device)
         scaling = config.rope_scaling
         self._dynamic = scaling is not None and scaling["rope_type"] == "dynamic"
         self._config = config
+        self._device = device
+        # `tabulated`: every position's rows come from one table computed once, so a position's
+        # bits never depend on where it sits in a batch (vectorised and scalar tails of sin and
+        # cos may round differently).
+        self._tabulated = tabulated
+        self._tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         """cos and signed sin [N, 1, head_dim] for `positions` [N], cast to `dtype`.
@@ -131,6 +137,20 @@ class RotaryEmbedding:
         The sin table carries the minus sign of rotate-half on its first half, so a rotation is
         `x * cos + x.roll(half) * sin` with one fewer kernel than slicing and concatenating.
         """
+        if self._tabulated:
+            cos, signed_sin = self._table(dtype)
+            return cos.index_select(0, positions), signed_sin.index_select(0, positions)
+        return self._computed(positions, dtype)
+
+    def _table(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        if dtype not in self._tables:
+            every = torch.arange(self._config.max_position_embeddings, device=self._device)
+            self._tables[dtype] = self._computed(every, dtype)
+        return self._tables[dtype]
+
+    def _computed(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if self._dynamic:
             inv_freq = dynamic_ntk_inverse_frequencies(self._config, positions)
             angles = positions.to(torch.float32)[:, None] * inv_freq
