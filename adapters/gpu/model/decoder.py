@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -213,7 +214,7 @@ class DecoderModel(nn.Module):
 
     def gemm_weights(self) -> list[torch.Tensor]:
         """One weight of each matmul shape the model runs (a layer's four, the LM head)."""
-        layer = self.layers[0]
+        layer = cast(DecoderLayer, self.layers[0])
         return [
             layer.qkv_weight,
             layer.output_weight,

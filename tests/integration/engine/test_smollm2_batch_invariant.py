@@ -21,6 +21,7 @@ from domain.logprobs.rules import LogprobAsk
 from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams
 from domain.speculation.drafts import SpeculativeConfig, SpeculativeMethod
+from tests.fakes import RecordingObserver
 from tests.support.draining import drain
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
@@ -49,7 +50,12 @@ MAX_TOKENS = 24
 NGRAM = SpeculativeConfig(SpeculativeMethod.NGRAM, 4, 2, 4)
 
 
-def load(budget: int, speculative: SpeculativeConfig | None = None) -> Engine:
+def load(
+    budget: int,
+    speculative: SpeculativeConfig | None = None,
+    prefix_caching: str | None = "sha256",
+    observer: RecordingObserver | None = None,
+) -> Engine:
     runner = RunnerSettings(
         device="cpu",
         max_num_seqs=16,
@@ -57,8 +63,10 @@ def load(budget: int, speculative: SpeculativeConfig | None = None) -> Engine:
         kv_cache_bytes=128 << 20,
         batch_invariant=True,
     )
-    config = EngineConfig(max_num_batched_tokens=budget, speculative=speculative)
-    return bootstrap.load(None, runner, config).engine
+    config = EngineConfig(
+        max_num_batched_tokens=budget, speculative=speculative, prefix_caching=prefix_caching
+    )
+    return bootstrap.load(None, runner, config, observer=observer).engine
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +92,13 @@ def exact(items: list) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def alone(requests) -> dict[str, list[str]]:
-    engine = load(budget=1024)
+def alone_steps() -> RecordingObserver:
+    return RecordingObserver()
+
+
+@pytest.fixture(scope="module")
+def alone(requests, alone_steps) -> dict[str, list[str]]:
+    engine = load(budget=1024, observer=alone_steps)
     return {r.request_id: exact(drain(engine, [r])[r.request_id]) for r in requests[:ALONE]}
 
 
@@ -101,3 +114,13 @@ def test_ngram_speculation_in_batch_16_equals_batch_1_without_it_to_the_bit(requ
 
     for name, expected in alone.items():
         assert exact(speculated[name]) == expected, name
+
+
+def test_cache_hits_equal_misses_to_the_bit(requests, alone, alone_steps):
+    # Run one after another on one engine, every request after the first read the chat
+    # template's shared beginning from the prefix cache; without the cache each computes it.
+    uncached = load(budget=1024, prefix_caching=None)
+    missed = {r.request_id: exact(drain(uncached, [r])[r.request_id]) for r in requests[:ALONE]}
+
+    assert alone_steps.total("prefix_cache_hits") > 0
+    assert missed == alone
