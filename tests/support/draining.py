@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Collection
 
-from domain.emission.outputs import RequestEnd
+from domain.emission.outputs import ChoiceDelta, PromptScores, RequestEnd
 from domain.engine.engine import Engine
 from domain.requests.engine_request import EngineRequest
 
@@ -69,3 +70,19 @@ def ended_items(channels: dict, failing: Collection[str] = ()) -> dict[str, list
         assert (items[-1].error is not None) == (request_id in failing), (request_id, items[-1])
         found[request_id] = items
     return found
+
+
+def whole_outputs(items: list) -> tuple:
+    """What the contract promises a request, from its channel items: each choice's whole
+    output, the prompt's scores and the end. How tokens were grouped into deltas may follow the
+    steps, and so may how many prompt tokens the prefix cache held at admission (zeroed)."""
+    choices: dict[int, ChoiceDelta] = {}
+    for item in items:
+        if isinstance(item, ChoiceDelta):
+            earlier = choices.get(item.index)
+            choices[item.index] = item if earlier is None else earlier.merge(item)
+    scores = [item for item in items if isinstance(item, PromptScores)]
+    end = items[-1]
+    assert isinstance(end, RequestEnd)
+    end = dataclasses.replace(end, usage=dataclasses.replace(end.usage, cached_tokens=0))
+    return tuple(sorted(choices.items())), scores, end

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from domain.contract.capabilities import LogprobCapability, scored_capacities
-from domain.emission.outputs import ChoiceDelta, PromptScores
 from domain.logprobs.rules import LogprobAsk
 from domain.overlap.pending import PENDING_TOKEN
 from domain.requests.engine_request import EngineRequest
@@ -19,7 +18,7 @@ from domain.speculation.drafts import SpeculativeConfig, SpeculativeMethod
 from domain.structured.grammar import GrammarKind, GrammarSpec
 from tests.fakes import RecordingObserver
 from tests.integration.engine.test_engine_tiny_model import _bytes_per_block
-from tests.support.draining import drain
+from tests.support.draining import drain, whole_outputs
 from tests.support.engines import build_engine
 
 pytestmark = pytest.mark.model
@@ -53,17 +52,6 @@ def requests(tokenizer, **extra) -> list[EngineRequest]:
     return found
 
 
-def received(items: list) -> tuple:
-    """Each choice's whole output (entries with their values) and the prompt's scores."""
-    choices: dict[int, ChoiceDelta] = {}
-    for item in items:
-        if isinstance(item, ChoiceDelta):
-            earlier = choices.get(item.index)
-            choices[item.index] = item if earlier is None else earlier.merge(item)
-    scores = [item for item in items if isinstance(item, PromptScores)]
-    return tuple(sorted(choices.items())), scores, items[-1]
-
-
 def both(model_dir: Path, make, exact: bool = True, **engine_fields) -> tuple[dict, list]:
     """Each request's outputs under the overlapped loop, equal to the synchronous loop's (with
     `exact` False: tokens, text and ends equal, values within 1e-5), and its executor's plans."""
@@ -71,7 +59,7 @@ def both(model_dir: Path, make, exact: bool = True, **engine_fields) -> tuple[di
     for overlapped in (False, True):
         engine, tokenizer, plans = build_engine(model_dir, overlapped=overlapped, **engine_fields)
         items = drain(engine, make(tokenizer))
-        outputs.append({rid: received(found) for rid, found in items.items()})
+        outputs.append({rid: whole_outputs(found) for rid, found in items.items()})
     synchronous, overlapped_outputs = outputs
     if exact:
         assert overlapped_outputs == synchronous

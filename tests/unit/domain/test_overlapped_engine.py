@@ -4,13 +4,11 @@ each feature; steps are planned ahead where the choices allow and synchronously 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
 
 from domain.contract.capabilities import LogprobCapability
-from domain.emission.outputs import ChoiceDelta, PromptScores, RequestEnd
 from domain.engine.engine import Engine, EngineConfig
 from domain.logprobs.rules import LogprobAsk
 from domain.overlap.pending import PENDING_TOKEN
@@ -26,7 +24,7 @@ from tests.fakes import (
     FakeTokenizer,
     RecordingObserver,
 )
-from tests.support.draining import channel_items, drain, step_until_idle
+from tests.support.draining import channel_items, drain, step_until_idle, whole_outputs
 from tests.support.geometry import fake_geometry
 
 SCORING = LogprobCapability(top_k=20, selects_ids=True, scored_capacities=(32,))
@@ -62,30 +60,16 @@ def request(rid: str, prompt_len: int, max_tokens: int, **fields) -> EngineReque
     return EngineRequest(rid, prompt, sampling, **fields)
 
 
-def received(items: list) -> tuple:
-    """What the contract promises a request: each choice's whole output, the prompt's scores
-    and the end; how tokens were grouped into deltas may follow the steps, and so may how many
-    prompt tokens the prefix cache held when the request was admitted."""
-    choices: dict[int, ChoiceDelta] = {}
-    for item in items:
-        if isinstance(item, ChoiceDelta):
-            earlier = choices.get(item.index)
-            choices[item.index] = item if earlier is None else earlier.merge(item)
-    scores = [item for item in items if isinstance(item, PromptScores)]
-    end = items[-1]
-    assert isinstance(end, RequestEnd)
-    end = dataclasses.replace(end, usage=dataclasses.replace(end.usage, cached_tokens=0))
-    return tuple(sorted(choices.items())), scores, end
-
-
 def both(requests: list[EngineRequest], failing=(), **engine_fields) -> tuple[dict, FakeExecutor]:
     """Each request's outputs, equal under both loops, and the overlapped run's executor."""
     synchronous, _ = make_engine(False, **engine_fields)
     overlapped, executor = make_engine(True, **engine_fields)
     expected = {
-        rid: received(items) for rid, items in drain(synchronous, requests, failing).items()
+        rid: whole_outputs(items) for rid, items in drain(synchronous, requests, failing).items()
     }
-    found = {rid: received(items) for rid, items in drain(overlapped, requests, failing).items()}
+    found = {
+        rid: whole_outputs(items) for rid, items in drain(overlapped, requests, failing).items()
+    }
     assert found == expected
     return found, executor
 
@@ -105,9 +89,9 @@ def test_plain_requests_are_planned_ahead_and_get_what_the_synchronous_loop_give
 
 def test_stop_tokens_eos_and_stop_strings_end_requests_with_no_token_after_them():
     unstopped = drain(make_engine(False)[0], [request("stop_id", 5, 30)])["stop_id"]
-    third = received(unstopped)[0][0][1].token_ids[2]
+    third = whole_outputs(unstopped)[0][0][1].token_ids[2]
     unstopped = drain(make_engine(False)[0], [request("stop_text", 6, 30)])["stop_text"]
-    letter = received(unstopped)[0][0][1].text[3]
+    letter = whole_outputs(unstopped)[0][0][1].text[3]
     requests = [
         request("stop_id", 5, 30, params={"stop_token_ids": (third,)}),
         request("eos", 7, 30),
@@ -156,12 +140,12 @@ def test_an_abort_stops_a_request_within_one_token_and_never_reaches_the_others(
     engine.abort("doomed")
     step_until_idle(engine)
 
-    alone = {rid: received(items) for rid, items in drain(make_engine(False)[0], kept).items()}
+    alone = {rid: whole_outputs(items) for rid, items in drain(make_engine(False)[0], kept).items()}
     for rid in alone:
-        assert received(channel_items(channels[rid])) == alone[rid]
+        assert whole_outputs(channel_items(channels[rid])) == alone[rid]
     (doomed_items,) = [channel_items(channels["doomed"])]
-    cut = received(doomed_items)[0][0][1]
-    whole = received(drain(make_engine(False)[0], [doomed])["doomed"])[0][0][1]
+    cut = whole_outputs(doomed_items)[0][0][1]
+    whole = whole_outputs(drain(make_engine(False)[0], [doomed])["doomed"])[0][0][1]
     assert cut.finish_reason == "abort" and 0 < len(cut.token_ids) < 40
     assert cut.token_ids == whole.token_ids[: len(cut.token_ids)]
 
@@ -203,7 +187,7 @@ def test_a_step_that_fails_fails_its_requests_only_and_the_loop_goes_on():
     assert all("device lost" in outputs[r.request_id][-1].error for r in first)
 
     later = request("later", 6, 8)
-    assert received(drain(engine, [later])["later"]) == received(
+    assert whole_outputs(drain(engine, [later])["later"]) == whole_outputs(
         drain(make_engine(False)[0], [later])["later"]
     )
 
