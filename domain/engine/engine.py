@@ -35,8 +35,7 @@ class EngineConfig:
     channel_capacity: int = 64
     max_logprobs: int = 20
     speculative: SpeculativeConfig | None = None
-    # Plan and submit each step before reading the one in flight (vLLM's async scheduling).
-    async_scheduling: bool = False
+    async_scheduling: bool = False  # vLLM's async scheduling: see Engine
     prefix_caching: str | None = "sha256"  # its hash algorithm (domain.cache.pool); None: off
 
 
@@ -45,9 +44,8 @@ class Engine:
 
     After every step that changed anything the observer gets one StepStats; `clock` (seconds,
     monotonic) times the latencies in it. With `async_scheduling` a step submits the next plan
-    before it reads the one in flight, so an executor that runs submissions in the background
-    works while the host emits (`docs/serving-paths.md`); steps a feature needs synchronous
-    read first and plan after.
+    before it reads the one in flight, so a background executor works while the host emits
+    (`docs/serving-paths.md`); steps a feature needs synchronous read first and plan after.
     """
 
     def __init__(
@@ -148,8 +146,10 @@ class Engine:
                 self._requests.abort(message)
             else:
                 self._requests.admit(*message)
-        landing, self._in_flight = self._in_flight, None
+        # Taken only once planning worked: a step that raises leaves it in flight to land next.
+        landing = self._in_flight
         plan = self._scheduler.schedule(ahead=landing is not None)
+        self._in_flight = None
         if plan is not None:
             self._requests.scheduled(plan)
             try:

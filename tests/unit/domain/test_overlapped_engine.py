@@ -204,3 +204,25 @@ def test_a_request_that_ends_at_its_first_tokens_wastes_at_most_one_lane(eos_aft
     synchronous, sync_executor = make_engine(False, eos_after=eos_after)
     drain(synchronous, requests)
     assert lanes - sum(len(plan.works) for plan in sync_executor.plans) <= len(requests)
+
+
+def test_a_step_that_raises_while_planning_ahead_leaves_its_predecessor_in_flight_to_land():
+    engine, _ = make_engine(True)
+    requests = [request(f"w{i}", 5 + i, 10) for i in range(3)]
+    channels = {r.request_id: engine.submit(r) for r in requests}
+    engine.step()  # the first step is now in flight
+    scheduler = engine._scheduler  # fault injection: the planner itself raises once
+    planned = scheduler.schedule
+
+    def failing_once(ahead=False):
+        scheduler.schedule = planned
+        raise RuntimeError("planner bug")
+
+    scheduler.schedule = failing_once
+    with pytest.raises(RuntimeError, match="planner bug"):
+        engine.step()
+    step_until_idle(engine)
+
+    alone = drain(make_engine(False)[0], requests)
+    for rid, channel in channels.items():
+        assert whole_outputs(channel_items(channel)) == whole_outputs(alone[rid])
