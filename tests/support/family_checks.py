@@ -62,7 +62,9 @@ def blocks_for(positions: int, seed: int) -> tuple[int, ...]:
     return tuple(ids[: -(-positions // BLOCK_SIZE)])
 
 
-def chunked_logits(model: DecoderModel, tokens: Sequence[int], sizes: Sequence[int]) -> torch.Tensor:
+def chunked_logits(
+    model: DecoderModel, tokens: Sequence[int], sizes: Sequence[int]
+) -> torch.Tensor:
     """Logits of `tokens` fed in chunks of `sizes` (then one token at a time) over one cache."""
     blocks = blocks_for(len(tokens), seed=len(sizes))
     cache = new_cache(model)
@@ -78,21 +80,32 @@ def chunked_logits(model: DecoderModel, tokens: Sequence[int], sizes: Sequence[i
 
 def greedy_over_cache(model: DecoderModel, prompt: Sequence[int], steps: int) -> list[int]:
     """`prompt` then `steps` greedy tokens, decoded one token per forward over the paged cache."""
+    return greedy_with_logits(model, prompt, steps)[0]
+
+
+def greedy_with_logits(
+    model: DecoderModel, prompt: Sequence[int], steps: int
+) -> tuple[list[int], torch.Tensor]:
+    """`greedy_over_cache`'s tokens and the logits rows [steps, vocab] each token came from."""
     tokens = list(prompt)
     blocks = blocks_for(len(prompt) + steps, seed=steps)
     cache = new_cache(model)
     logits = run(model, [SequenceChunk(tuple(tokens), 0, blocks)], cache)
+    rows = []
     for _ in range(steps):
+        rows.append(logits[-1])
         tokens.append(int(logits[-1].argmax()))
         logits = run(model, [SequenceChunk((tokens[-1],), len(tokens) - 1, blocks)], cache)
-    return tokens
+    return tokens, torch.stack(rows)
 
 
 def max_difference(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return (actual.float() - expected.float()).abs().max().item()
 
 
-def assert_greedy_matches(tokens: Sequence[int], prompt_length: int, expected: torch.Tensor) -> None:
+def assert_greedy_matches(
+    tokens: Sequence[int], prompt_length: int, expected: torch.Tensor
+) -> None:
     """Each generated token is transformers' argmax at the position before it: greedy decoding
     by transformers (teacher-forced on the same tokens) continues identically."""
     chosen = torch.tensor(tokens[prompt_length:])

@@ -89,12 +89,15 @@ def test_a_bfloat16_checkpoint_loads_under_float32_and_bfloat16(
     float32_logits = checks.chunked_logits(as_float32, PROMPT, [len(PROMPT)])
     expected32 = checks.reference_logits(upcast, PROMPT)
     assert checks.max_difference(float32_logits, expected32) <= checks.FLOAT32_ATOL
-    tokens = checks.greedy_over_cache(as_bfloat16, PROMPT, steps=16)
+    tokens, rows = checks.greedy_with_logits(as_bfloat16, PROMPT, steps=32)
     expected16 = checks.reference_logits(native, tokens)
-    ours16 = checks.chunked_logits(as_bfloat16, tokens, [len(tokens)])
-    difference = checks.max_difference(ours16, expected16)
+    prefill = checks.chunked_logits(as_bfloat16, tokens, [len(tokens)])
+    assert checks.max_difference(prefill, expected16) <= checks.BFLOAT16_ATOL
+    # Decode rows round differently from one prefill; greedy agrees wherever the lead is wider.
+    difference = checks.max_difference(rows, expected16[len(PROMPT) - 1 : -1])
     assert difference <= checks.BFLOAT16_ATOL
-    assert checks.assert_confident_greedy_matches(tokens, len(PROMPT), expected16, 2 * difference) >= 8
+    margin = 2 * difference
+    assert checks.assert_confident_greedy_matches(tokens, len(PROMPT), expected16, margin) >= 4
 
 
 def test_the_checkpoint_written_as_gguf_loads_to_the_same_logits(
