@@ -189,6 +189,21 @@ def test_a_llama_sentencepiece_vocabulary_prefixes_every_text_piece_as_llama_cpp
     assert ours.decode(ours.encode(" hi there"), skip_special_tokens=True) == " hi there"
 
 
+def test_merges_stored_in_a_llama_file_are_used_instead_of_the_scores(tmp_path: Path) -> None:
+    scored = sentencepiece_vocabulary(VOCAB, add_space_prefix=False)
+    tokens = scored.tokens
+    longest = max(tokens[-50:], key=len)
+    word = longest.replace("▁", " ")
+    # Scores alone merge up to the longest piece; the stored merges allow one pair only.
+    stored = _ours(_gguf(tmp_path, "llama", replace(scored, merges=("▁ t",))))
+    by_score = _ours(_gguf(tmp_path, "gemma3", scored))
+
+    assert len(longest) > 2
+    assert by_score.encode(word, add_special_tokens=False) == [tokens.index(longest)]
+    assert stored.encode(" t t", add_special_tokens=False) == [tokens.index("▁t")] * 2
+    assert len(stored.encode(word, add_special_tokens=False)) == len(longest) - longest.count("▁t")
+
+
 def test_phi3_control_tokens_swallow_the_whitespace_after_them(tmp_path: Path) -> None:
     vocabulary = sentencepiece_vocabulary(
         VOCAB, controls=SPM_CONTROL + PHI3_CONTROL, chat_template=PHI3_TEMPLATE

@@ -116,8 +116,11 @@ def _byte_level(reader: Any, tokens: list[str], gguf_path: Path) -> Any:
             f"{gguf_path.name}: pre-tokenizer {pre!r} is not supported "
             f"(supported: {', '.join(_BYTE_LEVEL_PRE_TOKENIZERS)})"
         )
+    stored_merges = _field(reader, "tokenizer.ggml.merges", None)
+    if stored_merges is None:
+        raise ValueError(f"{gguf_path.name}: a gpt2 tokenizer needs tokenizer.ggml.merges")
     vocab = {piece: token_id for token_id, piece in enumerate(tokens)}
-    merges = _merge_pairs(_field(reader, "tokenizer.ggml.merges"))
+    merges = _merge_pairs(stored_merges)
     model = models.BPE(vocab=vocab, merges=merges, ignore_merges=pre in _LLAMA3_PRE_TOKENIZERS)
     tokenizer = Tokenizer(model)
     split = _SPLITS.get(pre)
@@ -160,7 +163,8 @@ def _sentencepiece(reader: Any, tokens: list[str], types: list[int], gguf_path: 
     else:
         raise ValueError(f"{gguf_path.name}: a llama tokenizer needs token scores or merges")
     unknown_id = _field(reader, "tokenizer.ggml.unknown_token_id", None)
-    unknown = tokens[int(unknown_id)] if unknown_id is not None else None
+    in_range = unknown_id is not None and 0 <= int(unknown_id) < len(tokens)
+    unknown = tokens[int(unknown_id)] if in_range else None
     tokenizer = Tokenizer(
         models.BPE(vocab=vocab, merges=merges, unk_token=unknown, fuse_unk=True, byte_fallback=True)
     )
