@@ -9,16 +9,21 @@ from typing import Any
 
 import numpy as np
 
+from tests.support.gguf_vocab import GgufVocabulary
+
 # What convert_hf_to_gguf.py writes for each architecture beyond the common keys.
 _ARCHITECTURES = ("qwen3", "phi3", "gemma3")
 _TOKEN_TYPE_NORMAL = 1
 _TOKEN_TYPE_CONTROL = 3
 
 
-def write_gguf(model_dir: Path, path: Path, architecture: str) -> Path:
+def write_gguf(
+    model_dir: Path, path: Path, architecture: str, vocabulary: GgufVocabulary | None = None
+) -> Path:
     """`model_dir`'s config, float32 weights and byte-level BPE tokenizer as one GGUF file:
     tensor names from gguf's own HF mapping, Gemma norms stored as 1 + w, Phi-3's fused
-    projections kept fused and its longrope factors as rope_factors_* tensors."""
+    projections kept fused and its longrope factors as rope_factors_* tensors. `vocabulary`,
+    when given, replaces the tokenizer keys."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -37,7 +42,10 @@ def write_gguf(model_dir: Path, path: Path, architecture: str) -> Path:
         writer.add_sliding_window(config["sliding_window"])
         if config.get("final_logit_softcapping"):
             writer.add_final_logit_softcapping(config["final_logit_softcapping"])
-    _tokenizer_keys(writer, model_dir)
+    if vocabulary is None:
+        _tokenizer_keys(writer, model_dir)
+    else:
+        vocabulary.write_keys(writer)
     for hf_name, values in weights.items():
         stem = hf_name.removesuffix(".weight")
         gguf_name = names.get_name(stem)

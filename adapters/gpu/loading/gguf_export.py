@@ -9,16 +9,14 @@ import re
 import shutil
 import struct
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-# llama.cpp's token_type values (gguf.TokenType); only these two become added tokens.
-_TOKEN_TYPE_CONTROL = 3
-_TOKEN_TYPE_USER_DEFINED = 4
+from adapters.gpu.loading import gguf_tokenizer
 
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
 _LAYER_TENSOR_NAMES = {
@@ -69,7 +67,6 @@ _GLOBAL_TENSOR_NAMES = {
 }
 # Phi-3's longrope factors travel as tensors; they become config.json lists.
 _ROPE_FACTOR_TENSORS = {"rope_factors_short.weight": "short", "rope_factors_long.weight": "long"}
-_SUPPORTED_PRE_TOKENIZERS = ("default", "gpt2", "smollm")
 _MISSING = object()
 
 
@@ -101,7 +98,8 @@ def export_gguf(gguf_path: Path, out_dir: Path, *, progress: bool = True) -> Pat
         raise FileExistsError(f"export target already exists: {out_dir}")
     reader = gguf.GGUFReader(gguf_path)
     config = _model_config(reader, gguf_path)
-    tokenizer_json = _tokenizer_json(reader, gguf_path)
+    tokenizer_json = gguf_tokenizer.tokenizer_json(reader, gguf_path)
+    tokenizer_config = gguf_tokenizer.tokenizer_config(reader, config["max_position_embeddings"])
     plans = _tensor_plans(reader, config, gguf_path)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -109,7 +107,7 @@ def export_gguf(gguf_path: Path, out_dir: Path, *, progress: bool = True) -> Pat
     try:
         _write_json(staging / "config.json", config)
         _write_json(staging / "generation_config.json", _generation_config(reader))
-        _write_json(staging / "tokenizer_config.json", _tokenizer_config(reader, config))
+        _write_json(staging / "tokenizer_config.json", tokenizer_config)
         (staging / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
         _write_safetensors(staging / "model.safetensors", reader, plans, progress=progress)
         # mkdtemp makes the directory private; an exported model is ordinary readable data.
@@ -290,74 +288,6 @@ def _generation_config(reader: Any) -> dict[str, Any]:
     if pad is not None:
         generation["pad_token_id"] = int(pad)
     return generation
-
-
-def _tokenizer_config(reader: Any, config: dict[str, Any]) -> dict[str, Any]:
-    tokens = _field(reader, "tokenizer.ggml.tokens")
-    tokenizer_config: dict[str, Any] = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "add_bos_token": bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
-        "add_eos_token": bool(_field(reader, "tokenizer.ggml.add_eos_token", False)),
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": config["max_position_embeddings"],
-    }
-    for role, key in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"), ("pad", "padding")):
-        token_id = _field(reader, f"tokenizer.ggml.{key}_token_id", None)
-        if token_id is not None and 0 <= int(token_id) < len(tokens):
-            tokenizer_config[f"{role}_token"] = tokens[int(token_id)]
-    template = _field(reader, "tokenizer.chat_template", None)
-    if template:
-        tokenizer_config["chat_template"] = template
-    return tokenizer_config
-
-
-def _tokenizer_json(reader: Any, gguf_path: Path) -> str:
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    kind = _field(reader, "tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ValueError(f"{gguf_path.name}: tokenizer model {kind!r} is not supported")
-    pre = _field(reader, "tokenizer.ggml.pre", "default")
-    if pre not in _SUPPORTED_PRE_TOKENIZERS:
-        raise ValueError(
-            f"{gguf_path.name}: pre-tokenizer {pre!r} is not supported "
-            f"(supported: {', '.join(_SUPPORTED_PRE_TOKENIZERS)})"
-        )
-    tokens: list[str] = _field(reader, "tokenizer.ggml.tokens")
-    token_types: list[int] = _field(reader, "tokenizer.ggml.token_type", [])
-    vocab = {piece: token_id for token_id, piece in enumerate(tokens)}
-    model = models.BPE(vocab=vocab, merges=_merge_pairs(_field(reader, "tokenizer.ggml.merges")))
-    tokenizer = Tokenizer(model)
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre == "smollm":
-        # llama.cpp's smollm pre-tokenizer isolates every digit before the GPT-2 split.
-        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), byte_level]
-        )
-    else:
-        tokenizer.pre_tokenizer = byte_level
-    tokenizer.decoder = decoders.ByteLevel()
-    if token_types and len(token_types) != len(tokens):
-        raise ValueError(
-            f"{gguf_path.name}: {len(token_types)} token types for {len(tokens)} tokens"
-        )
-    typed = list(zip(tokens, token_types or [0] * len(tokens), strict=True))
-    specials = [p for p, kind_id in typed if kind_id == _TOKEN_TYPE_CONTROL]
-    user_defined = [p for p, kind_id in typed if kind_id == _TOKEN_TYPE_USER_DEFINED]
-    # Control pieces are already in the vocabulary, so adding them keeps their IDs.
-    tokenizer.add_special_tokens([AddedToken(p, special=True, normalized=False) for p in specials])
-    tokenizer.add_tokens([AddedToken(p, special=False, normalized=False) for p in user_defined])
-    return tokenizer.to_str(pretty=False)
-
-
-def _merge_pairs(merges: Iterable[str]) -> list[tuple[str, str]]:
-    pairs = []
-    for merge in merges:
-        parts = merge.split(" ")
-        if len(parts) != 2:
-            raise ValueError(f"GGUF merge {merge!r} is not two pieces separated by one space")
-        pairs.append((parts[0], parts[1]))
-    return pairs
 
 
 def _tensor_plans(reader: Any, config: dict[str, Any], gguf_path: Path) -> list[_Plan]:

@@ -7,11 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from adapters.gpu.loading.default_model import resolve_model_dir
 from adapters.gpu.loading.gguf_export import export_gguf
 from adapters.gpu.loading.weights import load_model
 from adapters.gpu.model.config import ModelConfig
+from adapters.tokenizer.hf import HfTokenizer
 from tests.support import family_checks as checks
 from tests.support.gguf_files import write_gguf
+from tests.support.gguf_vocab import byte_level_vocabulary
 from tests.support.tiny_models import build_tiny_qwen3
 from tests.support.tokenizers import build_byte_level_bpe
 
@@ -111,4 +114,23 @@ def test_the_checkpoint_written_as_gguf_loads_to_the_same_logits(
     assert ModelConfig.from_dir(exported).architecture == "Qwen3ForCausalLM"
     logits = checks.chunked_logits(ours, PROMPT, [len(PROMPT)])
     expected = checks.reference_logits(reference, PROMPT)
+    assert checks.max_difference(logits, expected) <= checks.FLOAT32_ATOL
+
+
+def test_a_gguf_with_the_qwen2_pre_tokenizer_loads_through_resolve_model_dir(
+    float32_dir: Path, reference: torch.nn.Module, tmp_path: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    vocabulary = byte_level_vocabulary(float32_dir, "qwen2")
+    gguf_path = write_gguf(float32_dir, tmp_path / "tiny-qwen3.gguf", "qwen3", vocabulary)
+    text = "<|im_start|>user\nWhat is 1234 + 5678?\n\n  Ω 🎉<|im_end|>\n"
+
+    exported = resolve_model_dir(str(gguf_path), cache_dir=tmp_path / "cache", progress=False)
+    prompt = HfTokenizer.from_dir(exported).encode(text)
+    ours = load_model(exported, dtype=torch.float32, device="cpu")
+
+    assert prompt == AutoTokenizer.from_pretrained(tmp_path, gguf_file=gguf_path.name).encode(text)
+    logits = checks.chunked_logits(ours, prompt, [len(prompt)])
+    expected = checks.reference_logits(reference, prompt)
     assert checks.max_difference(logits, expected) <= checks.FLOAT32_ATOL
