@@ -13,7 +13,8 @@ from safetensors import safe_open
 
 from adapters.gpu.distributed.collectives import Collectives
 from adapters.gpu.distributed.split import RankSplit
-from adapters.gpu.model.config import ModelConfig
+from adapters.gpu.loading.expert_weights import fill_experts, fill_latent_attention
+from adapters.gpu.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from adapters.gpu.model.decoder import DecoderLayer, DecoderModel
 
 SINGLE_FILE = "model.safetensors"
@@ -141,6 +142,17 @@ def build_model(
             )
         target.copy_(tensor)
 
+    def fetch(name: str) -> torch.Tensor:
+        return _fetch(source, name)
+
+    def has(name: str) -> bool:
+        try:
+            source(name)
+        except KeyError:
+            return False
+        return True
+
+    flavour = SUPPORTED_ARCHITECTURES[config.architecture]
     with torch.no_grad():
         fill(model.embed_weight, ["model.embed_tokens.weight"], "vocab")
         fill(model.norm_weight, ["model.norm.weight"])
@@ -153,12 +165,21 @@ def build_model(
             mlp = prefix + "mlp."
             fill(layer.input_norm, [prefix + "input_layernorm.weight"])
             fill(layer.post_attention_norm, [prefix + "post_attention_layernorm.weight"])
-            fill_qkv(layer.qkv_weight, attention, "weight")
-            if layer.qkv_bias is not None:
-                fill_qkv(layer.qkv_bias, attention, "bias")
-            fill(layer.output_weight, [attention + "o_proj.weight"], "o")
-            if layer.output_bias is not None:
-                fill(layer.output_bias, [attention + "o_proj.bias"])
+            if layer.latent is not None:
+                fill_latent_attention(layer.latent, fetch, attention, split)
+            else:
+                fill_qkv(layer.qkv_weight, attention, "weight")
+                if layer.qkv_bias is not None:
+                    fill_qkv(layer.qkv_bias, attention, "bias")
+                fill(layer.output_weight, [attention + "o_proj.weight"], "o")
+                if layer.output_bias is not None:
+                    fill(layer.output_bias, [attention + "o_proj.bias"])
+            if layer.q_norm is not None and layer.k_norm is not None:
+                fill(layer.q_norm, [attention + "q_norm.weight"])
+                fill(layer.k_norm, [attention + "k_norm.weight"])
+            if layer.experts is not None:
+                fill_experts(layer.experts, fetch, has, prefix, flavour)
+                continue
             gate_up = [mlp + "gate_proj.weight", mlp + "up_proj.weight"]
             fill(layer.gate_up_weight, gate_up, "inner")
             if layer.gate_up_bias is not None:

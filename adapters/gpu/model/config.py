@@ -8,11 +8,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from adapters.gpu.model.moe_config import (
+    MOE_ARCHITECTURES,
+    ExpertsSettings,
+    LatentAttentionSettings,
+    experts_from_hf,
+    latent_attention_from_hf,
+)
+
 # Architecture name -> the flavour of Llama-family decoder it describes.
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "MistralForCausalLM": "mistral",
+    **MOE_ARCHITECTURES,
 }
 _MODEL_TYPE_TO_ARCHITECTURE = {flavour: name for name, flavour in SUPPORTED_ARCHITECTURES.items()}
 SUPPORTED_ROPE_TYPES = frozenset({"linear", "dynamic", "llama3", "yarn"})
@@ -28,6 +37,10 @@ class ModelConfig:
     `attention_bias` is the q/k/v projection bias; `output_bias` the o_proj bias.
     `sliding_windows` holds one entry per layer: None for full causal attention, W for a
     layer whose query at position p sees only keys at positions > p - W.
+    `qk_norm` RMS-normalises each query and key head before rotation (Qwen3). `experts` routes
+    the MLP of sparse layers (mixture of experts); `latent_attention` replaces the attention
+    with DeepSeek's latent form, whose cache holds one [1, cache_width] row per token (then
+    `num_key_value_heads` is 1 and `head_dim` the rotary width).
     """
 
     architecture: str
@@ -49,6 +62,9 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
     sliding_windows: tuple[int | None, ...] = field(default=())
+    qk_norm: bool = False
+    experts: ExpertsSettings | None = None
+    latent_attention: LatentAttentionSettings | None = None
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -94,6 +110,17 @@ class ModelConfig:
         for window in self.sliding_windows:
             if window is not None and (not isinstance(window, int) or window <= 0):
                 raise ValueError(f"a sliding window must be a positive integer, got {window!r}")
+        if self.experts is not None and len(self.experts.sparse_layers) != self.num_hidden_layers:
+            raise ValueError("the experts settings describe another number of layers")
+        if self.latent_attention is not None and self.num_key_value_heads != 1:
+            raise ValueError("latent attention caches one shared key/value row per token")
+
+    @property
+    def cache_width(self) -> int:
+        """Elements per cached key (and value) row of one key/value head."""
+        if self.latent_attention is not None:
+            return self.latent_attention.cache_width
+        return self.head_dim
 
     @property
     def num_query_groups(self) -> int:
@@ -128,6 +155,12 @@ class ModelConfig:
             attention_bias, output_bias = True, False
         else:
             attention_bias = output_bias = bool(raw.get("attention_bias", False))
+        latent = None
+        kv_heads = raw.get("num_key_value_heads") or num_heads
+        head_dim = raw.get("head_dim") or hidden_size // num_heads
+        if flavour == "deepseek_v3":
+            latent = latent_attention_from_hf(raw, rope_scaling)
+            kv_heads, head_dim = 1, latent.rope_dim
         return cls(
             architecture=architecture,
             vocab_size=_required(raw, "vocab_size"),
@@ -135,8 +168,8 @@ class ModelConfig:
             intermediate_size=_required(raw, "intermediate_size"),
             num_hidden_layers=num_layers,
             num_attention_heads=num_heads,
-            num_key_value_heads=raw.get("num_key_value_heads") or num_heads,
-            head_dim=raw.get("head_dim") or hidden_size // num_heads,
+            num_key_value_heads=kv_heads,
+            head_dim=head_dim,
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
@@ -148,6 +181,9 @@ class ModelConfig:
             eos_token_ids=_token_ids(raw.get("eos_token_id")),
             bos_token_id=raw.get("bos_token_id"),
             sliding_windows=_sliding_windows(raw, flavour, num_layers),
+            qk_norm=flavour == "qwen3_moe",
+            experts=experts_from_hf(raw, flavour, num_layers),
+            latent_attention=latent,
         )
 
 
@@ -210,7 +246,9 @@ def _sliding_windows(
     raw: Mapping[str, Any], flavour: str, num_layers: int
 ) -> tuple[int | None, ...]:
     window = raw.get("sliding_window")
-    if flavour == "mistral":
+    if flavour in ("mistral", "mixtral"):
+        return (window,) * num_layers
+    if flavour == "qwen3_moe" and raw.get("use_sliding_window") and window:
         return (window,) * num_layers
     if flavour == "qwen2" and raw.get("use_sliding_window") and window:
         layer_types = raw.get("layer_types")

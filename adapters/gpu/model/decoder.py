@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import cast
 
 import torch
@@ -13,17 +12,14 @@ from adapters.gpu.distributed.collectives import Collectives
 from adapters.gpu.distributed.split import RankSplit
 from adapters.gpu.model.attention import AttentionMasks, paged_attention
 from adapters.gpu.model.config import ModelConfig
+from adapters.gpu.model.experts import RoutedExperts
 from adapters.gpu.model.forward_batch import ForwardBatch
 from adapters.gpu.model.invariant import invariant_linear
 from adapters.gpu.model.kv_cache import PagedKVCache
+from adapters.gpu.model.latent_attention import LatentAttention
+from adapters.gpu.model.layer_ops import Linear, rms_norm
+from adapters.gpu.model.layer_ops import row_parallel as _row_parallel
 from adapters.gpu.model.rope import RotaryEmbedding, apply_rotary
-
-
-def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Root-mean-square norm computed in float32, then scaled in the model dtype (as HF)."""
-    as_float = hidden.to(torch.float32)
-    variance = as_float.pow(2).mean(-1, keepdim=True)
-    return weight * (as_float * torch.rsqrt(variance + eps)).to(hidden.dtype)
 
 
 def _weight(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
@@ -36,25 +32,6 @@ def _optional(
     return _weight(size, dtype=dtype, device=device) if present else None
 
 
-Linear = Callable[..., torch.Tensor]
-
-
-def _row_parallel(
-    rows: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    collectives: Collectives | None,
-    linear: Linear = F.linear,
-) -> torch.Tensor:
-    """`rows @ weight.T + bias` where each rank holds some input columns: the partial products
-    are summed across ranks before the (whole) bias joins once."""
-    if collectives is None:
-        return linear(rows, weight, bias)
-    partial = linear(rows, weight)
-    collectives.all_reduce(partial, "model")
-    return partial if bias is None else partial + bias
-
-
 class DecoderLayer(nn.Module):
     """Pre-norm attention and SwiGLU MLP blocks with residuals.
 
@@ -63,6 +40,9 @@ class DecoderLayer(nn.Module):
     this rank's heads and MLP columns (column-parallel q/k/v and gate/up, row-parallel output
     and down projections joined by an all-reduce). `batch_invariant` takes the kernels of
     `adapters.gpu.model.invariant` for every matmul and the attention.
+
+    A sparse layer (`config.experts`) routes its MLP through `experts` and a latent-attention
+    model replaces q/k/v with `latent`; the weights those replace are then empty.
     """
 
     def __init__(
@@ -72,6 +52,8 @@ class DecoderLayer(nn.Module):
         device: torch.device,
         collectives: Collectives | None = None,
         batch_invariant: bool = False,
+        layer_index: int = 0,
+        split: RankSplit | None = None,
     ) -> None:
         super().__init__()
         self._collectives = collectives
@@ -86,10 +68,21 @@ class DecoderLayer(nn.Module):
         self.scale = head_dim**-0.5
         qkv_size = (self.num_heads + 2 * self.num_kv_heads) * head_dim
         inner = config.intermediate_size
+        self.experts = _experts(
+            config, layer_index, dtype, device, split, collectives, batch_invariant
+        )
+        self.latent = _latent(config, dtype, device, collectives, batch_invariant)
+        if self.experts is not None:
+            inner = 0
+        attention_width = 0 if self.latent is not None else self.num_heads * head_dim
+        if self.latent is not None:
+            qkv_size = 0
+        self.q_norm = _optional(config.qk_norm, head_dim, dtype, device)
+        self.k_norm = _optional(config.qk_norm, head_dim, dtype, device)
         self.input_norm = _weight(hidden, dtype=dtype, device=device)
         self.qkv_weight = _weight(qkv_size, hidden, dtype=dtype, device=device)
         self.qkv_bias = _optional(config.attention_bias, qkv_size, dtype, device)
-        self.output_weight = _weight(hidden, self.num_heads * head_dim, dtype=dtype, device=device)
+        self.output_weight = _weight(hidden, attention_width, dtype=dtype, device=device)
         self.output_bias = _optional(config.output_bias, hidden, dtype, device)
         self.post_attention_norm = _weight(hidden, dtype=dtype, device=device)
         self.gate_up_weight = _weight(2 * inner, hidden, dtype=dtype, device=device)
@@ -111,7 +104,19 @@ class DecoderLayer(nn.Module):
         rotated_heads = self.num_heads + self.num_kv_heads
         normed = rms_norm(hidden, self.input_norm, self.eps)
         linear = self._linear
+        if self.latent is not None:
+            attended = self.latent(normed, cos, signed_sin, batch, key_cache, masks)
+            return self._feed_forward(hidden + attended)
         qkv = linear(normed, self.qkv_weight, self.qkv_bias).view(num_rows, -1, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            qkv = torch.cat(
+                (
+                    rms_norm(qkv[:, : self.num_heads], self.q_norm, self.eps),
+                    rms_norm(qkv[:, self.num_heads : rotated_heads], self.k_norm, self.eps),
+                    qkv[:, rotated_heads:],
+                ),
+                dim=1,
+            )
         # Queries and keys are adjacent heads, so one rotation covers both.
         rotated = apply_rotary(qkv[:, :rotated_heads], cos, signed_sin)
         attended = paged_attention(
@@ -129,11 +134,73 @@ class DecoderLayer(nn.Module):
         hidden = hidden + _row_parallel(
             attended, self.output_weight, self.output_bias, reduce, linear
         )
+        return self._feed_forward(hidden)
+
+    def _feed_forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The post-attention norm and MLP (dense or routed) with its residual."""
         normed = rms_norm(hidden, self.post_attention_norm, self.eps)
+        if self.experts is not None:
+            return hidden + self.experts(normed)
+        linear = self._linear
         gate, up = linear(normed, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
         return hidden + _row_parallel(
-            F.silu(gate) * up, self.down_weight, self.down_bias, reduce, linear
+            F.silu(gate) * up, self.down_weight, self.down_bias, self._collectives, linear
         )
+
+    def gemm_weights(self) -> list[torch.Tensor]:
+        """One weight of each matmul shape the layer runs."""
+        dense = (self.qkv_weight, self.output_weight, self.gate_up_weight, self.down_weight)
+        weights: list[torch.Tensor] = [weight for weight in dense if weight.numel()]
+        for module in (self.experts, self.latent):
+            if module is not None:
+                weights += module.gemm_weights()
+        return weights
+
+
+def _experts(
+    config: ModelConfig,
+    layer_index: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    split: RankSplit | None,
+    collectives: Collectives | None,
+    batch_invariant: bool,
+) -> RoutedExperts | None:
+    settings = config.experts
+    if settings is None or not settings.sparse_layers[layer_index]:
+        return None
+    rank, world_size = (0, 1) if split is None else (split.rank, split.world_size)
+    return RoutedExperts(
+        settings,
+        config.hidden_size,
+        dtype,
+        device,
+        rank=rank,
+        world_size=world_size,
+        collectives=collectives,
+        batch_invariant=batch_invariant,
+    )
+
+
+def _latent(
+    config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    collectives: Collectives | None,
+    batch_invariant: bool,
+) -> LatentAttention | None:
+    if config.latent_attention is None:
+        return None
+    return LatentAttention(
+        config.latent_attention,
+        config.hidden_size,
+        config.num_attention_heads,
+        bias=config.attention_bias,
+        dtype=dtype,
+        device=device,
+        collectives=collectives,
+        batch_invariant=batch_invariant,
+    )
 
 
 class DecoderModel(nn.Module):
@@ -177,8 +244,10 @@ class DecoderModel(nn.Module):
         vocab, hidden = self.vocab_lanes[1] - self.vocab_lanes[0], config.hidden_size
         self.embed_weight = _weight(vocab, hidden, dtype=dtype, device=self.device)
         self.layers = nn.ModuleList(
-            DecoderLayer(self.config, dtype, self.device, self.collectives, batch_invariant)
-            for _ in range(config.num_hidden_layers)
+            DecoderLayer(
+                self.config, dtype, self.device, self.collectives, batch_invariant, index, split
+            )
+            for index in range(config.num_hidden_layers)
         )
         self.norm_weight = _weight(hidden, dtype=dtype, device=self.device)
         if config.tie_word_embeddings:
@@ -213,15 +282,12 @@ class DecoderModel(nn.Module):
         return rms_norm(hidden, self.norm_weight, self.config.rms_norm_eps)
 
     def gemm_weights(self) -> list[torch.Tensor]:
-        """One weight of each matmul shape the model runs (a layer's four, the LM head)."""
-        layer = cast(DecoderLayer, self.layers[0])
-        return [
-            layer.qkv_weight,
-            layer.output_weight,
-            layer.gate_up_weight,
-            layer.down_weight,
-            self.lm_head_weight,
-        ]
+        """One weight of each matmul shape the model runs (every layer's, the LM head)."""
+        shapes: dict[tuple[tuple[int, ...], torch.dtype], torch.Tensor] = {}
+        for module in self.layers:
+            for weight in cast(DecoderLayer, module).gemm_weights():
+                shapes.setdefault((tuple(weight.shape), weight.dtype), weight)
+        return [*shapes.values(), self.lm_head_weight]
 
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Embedding rows; a split model looks up the IDs it owns and sums the ranks' rows
