@@ -77,7 +77,7 @@ class RoutedExperts(nn.Module):
         """(experts [N, k] in score order, their float32 weights [N, k]) of `rows` [N, hidden]."""
         settings = self.settings
         logits = self._linear(rows.float(), self.router_weight)
-        scores = logits.softmax(dim=-1) if settings.scoring == "softmax" else logits.sigmoid()
+        scores = logits.softmax(dim=-1) if settings.scoring == "softmax" else _sigmoid(logits)
         choice = scores if self.correction_bias is None else scores + self.correction_bias
         if settings.groups > 1:
             grouped = choice.view(rows.shape[0], settings.groups, -1)
@@ -152,6 +152,20 @@ class RoutedExperts(nn.Module):
             if shared is not None:
                 weights.append(shared)
         return weights
+
+
+# Elements per row the sigmoid sees: CPU kernels take a vectorised path for whole vectors and a
+# scalar one for a tensor's tail, which round differently, so every row is padded to whole
+# vectors and never lands in a tail, however many rows share the call.
+_SIGMOID_ROW_GRANULE = 64
+
+
+def _sigmoid(logits: torch.Tensor) -> torch.Tensor:
+    width = logits.shape[-1]
+    padding = -width % _SIGMOID_ROW_GRANULE
+    if not padding:
+        return logits.sigmoid()
+    return F.pad(logits, (0, padding)).sigmoid()[:, :width]
 
 
 def _parameter(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> nn.Parameter:
