@@ -35,8 +35,9 @@ def fill_experts(
     """Copies one sparse layer's router, experts (this rank's columns) and shared expert.
 
     Experts come one tensor per expert (`experts.{e}.gate_proj.weight`, as checkpoints on the
-    Hub hold them) or stacked (`experts.gate_up_proj`, `experts.down_proj`, as transformers 5
-    keeps them in memory)."""
+    Hub hold them) or stacked [experts, rows, columns]: `experts.gate_up_proj` and
+    `experts.down_proj` as transformers 5 keeps them in memory, or `experts.gate_proj`,
+    `experts.up_proj` and `experts.down_proj` as a GGUF export writes them."""
     block, (gate_name, up_name, down_name) = _EXPERT_NAMES[flavour]
     prefix = layer_prefix + block
     start, stop = experts.columns
@@ -45,23 +46,26 @@ def fill_experts(
     if experts.correction_bias is not None:
         name = prefix + "gate.e_score_correction_bias"
         _checked(experts.correction_bias, fetch(name).float(), name)
-    stacked = prefix + "experts.gate_up_proj"
-    if has(stacked) and not has(prefix + f"experts.0.{gate_name}.weight"):
-        inner = experts.settings.inner
-        gate_up = fetch(stacked)
-        gate_up = torch.cat(
-            (gate_up[:, start:stop], gate_up[:, inner + start : inner + stop]), dim=1
-        )
-        _checked(experts.gate_up_weight, gate_up, stacked)
-        down = prefix + "experts.down_proj"
-        _checked(experts.down_weight, fetch(down)[:, :, start:stop], down)
-    else:
+    if has(prefix + f"experts.0.{gate_name}.weight"):
         for index in range(experts.settings.num_experts):
             names = [prefix + f"experts.{index}.{part}.weight" for part in (gate_name, up_name)]
             gate_up = torch.cat([fetch(name).narrow(0, start, width) for name in names])
             _checked(experts.gate_up_weight[index], gate_up, " + ".join(names))
             down = prefix + f"experts.{index}.{down_name}.weight"
             _checked(experts.down_weight[index], fetch(down).narrow(1, start, width), down)
+    else:
+        fused = prefix + "experts.gate_up_proj"
+        if has(fused):
+            inner = experts.settings.inner
+            both = fetch(fused)
+            gate, up = both[:, start:stop], both[:, inner + start : inner + stop]
+            names = [fused]
+        else:
+            names = [prefix + "experts.gate_proj", prefix + "experts.up_proj"]
+            gate, up = (fetch(name)[:, start:stop] for name in names)
+        _checked(experts.gate_up_weight, torch.cat((gate, up), dim=1), " + ".join(names))
+        down = prefix + "experts.down_proj"
+        _checked(experts.down_weight, fetch(down)[:, :, start:stop], down)
     if experts.shared_gate_up_weight is not None and experts.shared_down_weight is not None:
         first, last = experts.shared_columns
         names = [prefix + f"shared_experts.{part}.weight" for part in ("gate_proj", "up_proj")]

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from adapters.gpu.loading.gguf_moe import MOE_GGUF_ARCHITECTURES, moe_config, moe_tensor_name
+
 # llama.cpp's token_type values (gguf.TokenType); only these two become added tokens.
 _TOKEN_TYPE_CONTROL = 3
 _TOKEN_TYPE_USER_DEFINED = 4
@@ -107,14 +109,14 @@ def _float32_value(value: float) -> float:
 
 def _model_config(reader: Any, gguf_path: Path) -> dict[str, Any]:
     architecture = _field(reader, "general.architecture")
-    if architecture != "llama":
+    if architecture != "llama" and architecture not in MOE_GGUF_ARCHITECTURES:
         raise ValueError(f"{gguf_path.name}: architecture {architecture!r} is not supported")
-    scaling = _field(reader, "llama.rope.scaling.type", "none")
-    if scaling not in ("none", ""):
+    scaling = _field(reader, f"{architecture}.rope.scaling.type", "none")
+    if scaling not in ("none", "") and architecture != "deepseek2":
         raise ValueError(f"{gguf_path.name}: rope scaling {scaling!r} is not supported")
 
     def key(name: str, default: Any = _MISSING) -> Any:
-        return _field(reader, f"llama.{name}", default)
+        return _field(reader, f"{architecture}.{name}", default)
 
     tokens = _field(reader, "tokenizer.ggml.tokens")
     hidden_size = int(key("embedding_length"))
@@ -148,6 +150,10 @@ def _model_config(reader: Any, gguf_path: Path) -> dict[str, Any]:
         token_id = _field(reader, f"tokenizer.ggml.{name}_token_id", None)
         if token_id is not None:
             config["pad_token_id" if name == "padding" else f"{name}_token_id"] = int(token_id)
+    try:
+        moe_config(architecture, key, tensor_names, config)
+    except ValueError as error:
+        raise ValueError(f"{gguf_path.name}: {error}") from error
     return config
 
 
@@ -256,6 +262,9 @@ def _tensor_plans(reader: Any, config: dict[str, Any], gguf_path: Path) -> list[
 
 
 def _hf_name(gguf_name: str, config: dict[str, Any]) -> tuple[str | None, int | None]:
+    routed = moe_tensor_name(gguf_name, config)
+    if routed is not None:
+        return routed
     if gguf_name in _GLOBAL_TENSOR_NAMES:
         return _GLOBAL_TENSOR_NAMES[gguf_name], None
     match = _LAYER_TENSOR.fullmatch(gguf_name)
