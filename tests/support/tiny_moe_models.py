@@ -1,4 +1,4 @@
-"""Builders of tiny random mixture-of-experts checkpoints (Qwen3-MoE, Mixtral, DeepSeek-V3)."""
+"""Builders of tiny random mixture-of-experts checkpoints (Qwen2/3-MoE, Mixtral, DeepSeek-V3)."""
 
 from __future__ import annotations
 
@@ -55,6 +55,31 @@ def build_tiny_qwen3_moe(
     }
     config = Qwen3MoeConfig(vocab_size=vocab_size, **settings)
     return _save(Qwen3MoeForCausalLM, config, directory, seed, dtype)
+
+
+def build_tiny_qwen2_moe(
+    directory: Path | str,
+    *,
+    vocab_size: int = 384,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    **overrides: Any,
+) -> Path:
+    """A random `Qwen2MoeForCausalLM`: q/k/v biases, 8 experts top-2 (weights not
+    renormalised) and a shared expert of width 48 behind a sigmoid gate in both layers."""
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    settings = {
+        **_SHAPE,
+        "num_key_value_heads": 2,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48,
+        **overrides,
+    }
+    config = Qwen2MoeConfig(vocab_size=vocab_size, **settings)
+    return _save(Qwen2MoeForCausalLM, config, directory, seed, dtype)
 
 
 def build_tiny_mixtral(

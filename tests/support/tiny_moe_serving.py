@@ -8,12 +8,14 @@ from typing import Any
 from tests.support.tiny_moe_models import (
     build_tiny_deepseek_v3,
     build_tiny_mixtral,
+    build_tiny_qwen2_moe,
     build_tiny_qwen3_moe,
 )
 from tests.support.tokenizers import build_byte_level_bpe
 
 MOE_VOCAB = 320
 MOE_BUILDERS = {
+    "qwen2-moe": build_tiny_qwen2_moe,
     "qwen3-moe": build_tiny_qwen3_moe,
     "mixtral": build_tiny_mixtral,
     "deepseek-v3": build_tiny_deepseek_v3,

@@ -15,6 +15,7 @@ Probe = Callable[[str], bool]
 
 # Flavour -> (the sparse block's prefix in a layer, the expert's gate, up and down names).
 _EXPERT_NAMES = {
+    "qwen2_moe": ("mlp.", ("gate_proj", "up_proj", "down_proj")),
     "qwen3_moe": ("mlp.", ("gate_proj", "up_proj", "down_proj")),
     "deepseek_v3": ("mlp.", ("gate_proj", "up_proj", "down_proj")),
     "mixtral": ("block_sparse_moe.", ("w1", "w3", "w2")),
@@ -68,11 +69,16 @@ def fill_experts(
         _checked(experts.down_weight, fetch(down)[:, :, start:stop], down)
     if experts.shared_gate_up_weight is not None and experts.shared_down_weight is not None:
         first, last = experts.shared_columns
-        names = [prefix + f"shared_experts.{part}.weight" for part in ("gate_proj", "up_proj")]
+        # Qwen2-MoE's one gated shared expert, DeepSeek's (fused) shared experts.
+        shared = prefix + ("shared_expert." if flavour == "qwen2_moe" else "shared_experts.")
+        names = [shared + f"{part}.weight" for part in ("gate_proj", "up_proj")]
         gate_up = torch.cat([fetch(name)[first:last] for name in names])
         _checked(experts.shared_gate_up_weight, gate_up, " + ".join(names))
-        down = prefix + "shared_experts.down_proj.weight"
+        down = shared + "down_proj.weight"
         _checked(experts.shared_down_weight, fetch(down)[:, first:last], down)
+        if experts.shared_gate_weight is not None:
+            gate = prefix + "shared_expert_gate.weight"
+            _checked(experts.shared_gate_weight, fetch(gate), gate)
 
 
 def fill_latent_attention(

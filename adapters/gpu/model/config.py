@@ -153,6 +153,8 @@ class ModelConfig:
         rope_theta, rope_scaling = _rope_settings(raw)
         if flavour == "qwen2":
             attention_bias, output_bias = True, False
+        elif flavour == "qwen2_moe":
+            attention_bias, output_bias = bool(raw.get("qkv_bias", True)), False
         else:
             attention_bias = output_bias = bool(raw.get("attention_bias", False))
         latent = None
@@ -250,7 +252,7 @@ def _sliding_windows(
         return (window,) * num_layers
     if flavour == "qwen3_moe" and raw.get("use_sliding_window") and window:
         return (window,) * num_layers
-    if flavour == "qwen2" and raw.get("use_sliding_window") and window:
+    if flavour in ("qwen2", "qwen2_moe") and raw.get("use_sliding_window") and window:
         layer_types = raw.get("layer_types")
         if layer_types is None:
             first_sliding = raw.get("max_window_layers", num_layers)

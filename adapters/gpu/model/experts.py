@@ -138,7 +138,7 @@ class RoutedExperts(nn.Module):
         gate, up = self._linear(rows, gate_up_weight).chunk(2, dim=-1)
         out = self._linear(F.silu(gate) * up, down_weight)
         if self.shared_gate_weight is not None:
-            out = torch.sigmoid(self._linear(rows, self.shared_gate_weight)) * out
+            out = _sigmoid(self._linear(rows, self.shared_gate_weight)) * out
         return out
 
     def gemm_weights(self) -> list[torch.Tensor]:

@@ -9,6 +9,7 @@ from typing import Any
 
 # Architecture name -> flavour, for the families whose MLP routes tokens to experts.
 MOE_ARCHITECTURES = {
+    "Qwen2MoeForCausalLM": "qwen2_moe",
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "MixtralForCausalLM": "mixtral",
     "DeepseekV3ForCausalLM": "deepseek_v3",
@@ -120,16 +121,19 @@ def experts_from_hf(
             inner=_get(raw, "intermediate_size"),
             sparse_layers=(True,) * num_layers,
         )
-    if flavour == "qwen3_moe":
+    if flavour in ("qwen2_moe", "qwen3_moe"):
         count = raw.get("num_experts") or _get(raw, "num_local_experts")
         step = raw.get("decoder_sparse_step") or 1
         dense = set(raw.get("mlp_only_layers") or ())
+        shared = (raw.get("shared_expert_intermediate_size") or 0) if flavour == "qwen2_moe" else 0
         return ExpertsSettings(
             num_experts=count,
             top_k=_get(raw, "num_experts_per_tok"),
             inner=_get(raw, "moe_intermediate_size"),
             sparse_layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(num_layers)),
             normalize=bool(raw.get("norm_topk_prob", False)),
+            shared_inner=shared,
+            shared_gate=bool(shared),
         )
     if flavour == "deepseek_v3":
         scoring = raw.get("scoring_func", "sigmoid")
