@@ -77,8 +77,8 @@ def fill_experts(
         down = shared + "down_proj.weight"
         _checked(experts.shared_down_weight, fetch(down)[:, first:last], down)
         if experts.shared_gate_weight is not None:
-            gate = prefix + "shared_expert_gate.weight"
-            _checked(experts.shared_gate_weight, fetch(gate), gate)
+            gate_key = prefix + "shared_expert_gate.weight"
+            _checked(experts.shared_gate_weight, fetch(gate_key), gate_key)
 
 
 def fill_latent_attention(
