@@ -17,14 +17,18 @@ class EngineClient(Protocol):
       block for up to the grammar compile budget, so an event-loop caller checks those on a
       thread.
     - `submit_all` queues requests that this client checked (never checking them again), all of
-      them or, when its admission queue is full, none; it returns at once. Every queued
-      request ends with exactly one `RequestEnd` on its channel, also when it is aborted or
-      fails.
+      them or, when its admission queue is full, none. It returns at once, or, where
+      `submit_waits`, once the engine in another process answered, so an event-loop caller
+      submits on a thread. Every queued request ends with exactly one `RequestEnd` on its
+      channel, also when it is aborted or fails.
     - `abort` of an unknown or finished request does nothing.
     """
 
     @property
     def max_model_len(self) -> int: ...
+
+    @property
+    def submit_waits(self) -> bool: ...
 
     def check(self, request: EngineRequest) -> CheckedRequest: ...
 

@@ -181,6 +181,8 @@ class RemoteEngine:
     by the engine process, which compiles the grammar once and keeps it for the submit.
     """
 
+    submit_waits = True  # a submit is answered by the engine process
+
     def __init__(self, link: EngineLink) -> None:
         self._link = link
         self._hello = link.hello

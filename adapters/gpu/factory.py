@@ -153,6 +153,12 @@ def build_executor(
             f"capacity {capacity}; export the core with a larger --max-num-seqs"
         )
     invariant = settings.batch_invariant
+    max_model_len = settings.max_model_len or config.max_position_embeddings
+    if max_model_len > config.max_position_embeddings:
+        raise ValueError(
+            f"max_model_len {max_model_len} exceeds the model's "
+            f"{config.max_position_embeddings} positions"
+        )
     model = load_model(
         model_dir,
         dtype=dtype,
@@ -160,15 +166,10 @@ def build_executor(
         split=split,
         collectives=collectives,
         batch_invariant=invariant,
+        context_length=max_model_len,
     )
     if invariant:
         check_row_invariance(model.gemm_weights())
-    max_model_len = settings.max_model_len or config.max_position_embeddings
-    if max_model_len > config.max_position_embeddings:
-        raise ValueError(
-            f"max_model_len {max_model_len} exceeds the model's "
-            f"{config.max_position_embeddings} positions"
-        )
     budget = settings.kv_cache_bytes
     if budget is None:
         # The flag's fixed scoring storage comes out of the default pool, so its cost shows as
@@ -202,7 +203,13 @@ def build_executor(
     backend = settings.resolve_logprobs_backend(device)
     draft = None
     if draft_dir is not None and draft_config is not None:
-        draft_model = load_model(draft_dir, dtype=dtype, device=device, batch_invariant=invariant)
+        draft_model = load_model(
+            draft_dir,
+            dtype=dtype,
+            device=device,
+            batch_invariant=invariant,
+            context_length=max_model_len,
+        )
         if invariant:
             check_row_invariance(draft_model.gemm_weights())
         draft_cache = PagedKVCache.allocate(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from adapters.http.doorbell import Doorbell
 from domain.emission.channel import OutputChannel
@@ -13,8 +13,8 @@ from domain.emission.outputs import ChoiceDelta, PromptScores, RequestEnd
 from domain.requests.engine_request import CheckedRequest, EngineRequest
 from ports.engine_client import EngineClient
 
-# Threads that wait on checks which may compile a grammar (each at most the compile budget);
-# the compiler bounds the compiles themselves.
+# Threads that wait on checks which may compile a grammar (each at most the compile budget),
+# and on submits to an engine in another process; the compiler bounds the compiles themselves.
 _CHECK_THREADS = 32
 
 
@@ -69,7 +69,7 @@ class RequestGroup:
         channels = [OutputChannel(self._capacity, on_ready=wake) for _ in self._requests]
         submitted: list[str] = []
         try:
-            self._client.submit_all(list(zip(self._checked, channels, strict=True)))
+            await self._submit(list(zip(self._checked, channels, strict=True)))
             submitted = [request.request_id for request in self._requests]
             while len(self._ended) < len(channels):
                 ready.clear()
@@ -86,3 +86,22 @@ class RequestGroup:
             for index, request_id in enumerate(submitted):
                 if index not in self._ended:
                     self._client.abort(request_id)
+
+    async def _submit(self, submissions: list[tuple[CheckedRequest, OutputChannel]]) -> None:
+        """Submits at once, or on a thread where the submit waits for another process's answer
+        (the event loop keeps serving other streams meanwhile)."""
+        if not self._client.submit_waits:
+            self._client.submit_all(submissions)
+            return
+        pending = _check_pool().submit(self._client.submit_all, submissions)
+        try:
+            await asyncio.wrap_future(pending)
+        except asyncio.CancelledError:
+            # The caller left while the submit travelled; whatever it admitted ends at once.
+            pending.add_done_callback(self._abort_if_admitted)
+            raise
+
+    def _abort_if_admitted(self, submitted: Future[None]) -> None:
+        if not submitted.cancelled() and submitted.exception() is None:
+            for request in self._requests:
+                self._client.abort(request.request_id)

@@ -37,8 +37,7 @@ class _Request:
     output: RequestOutput
     sequences: list[Sequence]
     timelines: list[ChoiceTimeline]  # one per choice: where its latencies are measured from
-    # Choices held back until choice 0 has scored the prompt, so every choice's first output
-    # comes after the whole prompt's scores.
+    # Choices held back until choice 0 scored the prompt: outputs follow the prompt's scores.
     deferred: list[Sequence] = field(default_factory=list)
     # The compiled constraint its check made, held (never read) while the request lives, so
     # that the compiler keeps finding it for the executor however busy its cache is.

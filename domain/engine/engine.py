@@ -48,6 +48,8 @@ class Engine:
     (`docs/serving-paths.md`); steps a feature needs synchronous read first and plan after.
     """
 
+    submit_waits = False  # submit_all queues here, in this process (ports.engine_client)
+
     def __init__(
         self,
         executor: ModelExecutor,

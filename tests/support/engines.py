@@ -30,6 +30,7 @@ def build_engine(
     overlapped: bool = False,
     prefix_caching: str | None = "sha256",
     batch_invariant: bool = False,
+    dtype: str = "auto",
 ) -> tuple[Engine, HfTokenizer, list[StepPlan]]:
     """(engine, tokenizer, plans): `plans` grows by each plan the executor is given.
 
@@ -38,7 +39,8 @@ def build_engine(
     the engine's steps. `overlapped` runs the engine's async scheduling over the executor on
     a background thread, as `helios serve --async-scheduling` does. The prefix cache is on,
     as a server's is by default, unless `prefix_caching` is None; `batch_invariant` builds
-    the model with the batch-invariant kernels (`helios serve --batch-invariant`).
+    the model with the batch-invariant kernels (`helios serve --batch-invariant`); `dtype` is
+    `--dtype`.
     """
     tokenizer = HfTokenizer.from_dir(model_dir)
     settings = RunnerSettings(
@@ -48,6 +50,7 @@ def build_engine(
         kv_cache_bytes=kv_bytes,
         block_size=block_size,
         batch_invariant=batch_invariant,
+        dtype=dtype,
     )
     draft_dir = Path(speculative.model) if speculative and speculative.model else None
     grammars = grammars or LlguidanceCompiler(tokenizer)

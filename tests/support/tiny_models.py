@@ -83,6 +83,87 @@ def build_tiny_mistral(
     return _save(MistralForCausalLM, config, directory, seed, init_std, max_shard_size)
 
 
+def build_tiny_qwen3(
+    directory: Path | str,
+    *,
+    vocab_size: int = 384,
+    seed: int = 0,
+    init_std: float = DEFAULT_INIT_STD,
+    dtype: torch.dtype = torch.float32,
+    **overrides: Any,
+) -> Path:
+    """Writes a random `Qwen3ForCausalLM` (per-head q/k norms; head_dim 32, not hidden/heads)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    settings = {**_SHAPE, "head_dim": 32, "max_position_embeddings": 512}
+    settings.update(bos_token_id=1, eos_token_id=2, **overrides)
+    config = Qwen3Config(vocab_size=vocab_size, **settings)
+    return _save(Qwen3ForCausalLM, config, directory, seed, init_std, None, dtype)
+
+
+def build_tiny_phi3(
+    directory: Path | str,
+    *,
+    vocab_size: int = 384,
+    seed: int = 0,
+    init_std: float = DEFAULT_INIT_STD,
+    dtype: torch.dtype = torch.float32,
+    original_positions: int = 16,
+    **overrides: Any,
+) -> Path:
+    """Writes a random `Phi3ForCausalLM` (fused qkv_proj and gate_up_proj) with longrope
+    scaling: `original_positions` of pretraining, distinct short and long factors."""
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    half = _SHAPE["hidden_size"] // _SHAPE["num_attention_heads"] // 2
+    rope = {
+        "rope_type": "longrope",
+        "rope_theta": 10_000.0,
+        "short_factor": [1.0 + 0.05 * i for i in range(half)],
+        "long_factor": [1.5 + 0.75 * i for i in range(half)],
+    }
+    settings = {**_SHAPE, "max_position_embeddings": 128, "rope_parameters": rope}
+    settings.update(
+        original_max_position_embeddings=original_positions,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=None,
+        **overrides,
+    )
+    config = Phi3Config(vocab_size=vocab_size, **settings)
+    return _save(Phi3ForCausalLM, config, directory, seed, init_std, None, dtype)
+
+
+def build_tiny_gemma3(
+    directory: Path | str,
+    *,
+    vocab_size: int = 384,
+    seed: int = 0,
+    init_std: float = DEFAULT_INIT_STD,
+    dtype: torch.dtype = torch.float32,
+    **overrides: Any,
+) -> Path:
+    """Writes a random `Gemma3ForCausalLM`: six layers (five sliding-window layers of window 8
+    and one global, llama.cpp's fixed pattern), head_dim 32, logits soft-capped at 5."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    settings = {
+        **_SHAPE,
+        "num_hidden_layers": 6,
+        "head_dim": 32,
+        "query_pre_attn_scalar": 32,
+        "sliding_window": 8,
+        "final_logit_softcapping": 5.0,
+        "max_position_embeddings": 512,
+        "pad_token_id": 0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+    settings.update(overrides)
+    config = Gemma3TextConfig(vocab_size=vocab_size, **settings)
+    return _save(Gemma3ForCausalLM, config, directory, seed, init_std, None, dtype)
+
+
 def _save(
     model_class: Any,
     config: Any,
@@ -90,6 +171,7 @@ def _save(
     seed: int,
     init_std: float,
     max_shard_size: str | None,
+    dtype: torch.dtype = torch.float32,
 ) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -109,5 +191,5 @@ def _save(
                 else:
                     parameter.copy_(init_std * noise)
     extra = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
-    model.save_pretrained(directory, **extra)
+    model.to(dtype).save_pretrained(directory, **extra)
     return directory

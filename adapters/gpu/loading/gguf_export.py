@@ -1,8 +1,9 @@
-"""Export a llama-architecture GGUF file as a Hugging Face-style float32 model directory."""
+"""Export a GGUF file (llama, qwen3, phi3, gemma3) as a Hugging Face-style float32 directory."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -33,11 +34,43 @@ _LAYER_TENSOR_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
+# Per architecture, the layer tensors whose llama.cpp names mean something else than above.
+_ARCHITECTURE_LAYER_NAMES: dict[str, dict[str, str]] = {
+    "llama": {},
+    "qwen3": {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
+    # Phi-3 keeps its fused projections; llama.cpp stores gate_up_proj as ffn_up.
+    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+    "gemma3": {
+        "attn_q_norm": "self_attn.q_norm",
+        "attn_k_norm": "self_attn.k_norm",
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
+}
+# The HF architecture, model_type and tensor layout of each GGUF architecture.
+_ARCHITECTURES = {
+    "llama": ("LlamaForCausalLM", "llama"),
+    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+    "phi3": ("Phi3ForCausalLM", "phi3"),
+    "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
+}
+# Only llama's converter interleaves Q/K rows for its rope kernel; the others use NeoX order.
+_INTERLEAVED_ROPE = frozenset({"llama"})
+# llama.cpp's convert script stores every Gemma norm weight as 1 + w (Gemma3RMSNorm's scale).
+_NORM_SHIFTED = frozenset({"gemma3"})
+# llama.cpp's Gemma 3 constants where the GGUF has no key: one global layer in six, and the
+# local layers' rope base.
+_GEMMA3_SLIDING_PATTERN = 6
+_GEMMA3_LOCAL_THETA = 10_000.0
+_GEMMA3_27B_BLOCKS = 62
 _GLOBAL_TENSOR_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
+# Phi-3's longrope factors travel as tensors; they become config.json lists.
+_ROPE_FACTOR_TENSORS = {"rope_factors_short.weight": "short", "rope_factors_long.weight": "long"}
 _SUPPORTED_PRE_TOKENIZERS = ("default", "gpt2", "smollm")
 _MISSING = object()
 
@@ -50,6 +83,8 @@ class _Plan:
     hf_name: str
     shape: tuple[int, ...]
     unpermute_heads: int | None
+    # Subtracted from every value: Gemma's norms are stored as 1 + w.
+    shift: float = 0.0
 
 
 def export_gguf(gguf_path: Path, out_dir: Path, *, progress: bool = True) -> Path:
@@ -109,14 +144,20 @@ def _float32_value(value: float) -> float:
 
 def _model_config(reader: Any, gguf_path: Path) -> dict[str, Any]:
     architecture = _field(reader, "general.architecture")
-    if architecture != "llama" and architecture not in MOE_GGUF_ARCHITECTURES:
-        raise ValueError(f"{gguf_path.name}: architecture {architecture!r} is not supported")
-    scaling = _field(reader, f"{architecture}.rope.scaling.type", "none")
-    if scaling not in ("none", "") and architecture != "deepseek2":
-        raise ValueError(f"{gguf_path.name}: rope scaling {scaling!r} is not supported")
+    if architecture not in _ARCHITECTURES and architecture not in MOE_GGUF_ARCHITECTURES:
+        supported = sorted({*_ARCHITECTURES, *MOE_GGUF_ARCHITECTURES})
+        raise ValueError(
+            f"{gguf_path.name}: architecture {architecture!r} is not supported "
+            f"(supported: {', '.join(supported)})"
+        )
 
     def key(name: str, default: Any = _MISSING) -> Any:
         return _field(reader, f"{architecture}.{name}", default)
+
+    scaling = key("rope.scaling.type", "none")
+    # DeepSeek's yarn is read by gguf_moe.moe_config.
+    if scaling not in ("none", "", "linear") and architecture != "deepseek2":
+        raise ValueError(f"{gguf_path.name}: rope scaling {scaling!r} is not supported")
 
     tokens = _field(reader, "tokenizer.ggml.tokens")
     hidden_size = int(key("embedding_length"))
@@ -125,9 +166,11 @@ def _model_config(reader: Any, gguf_path: Path) -> dict[str, Any]:
     head_dim = int(key("attention.key_length", hidden_size // heads))
     rope_theta = _float32_value(key("rope.freq_base", 10000.0))
     tensor_names = {tensor.name for tensor in reader.tensors}
+    # A mixture-of-experts architecture starts as llama; moe_config below names its family.
+    hf_architecture, model_type = _ARCHITECTURES.get(architecture, _ARCHITECTURES["llama"])
     config: dict[str, Any] = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [hf_architecture],
+        "model_type": model_type,
         "hidden_act": "silu",
         "hidden_size": hidden_size,
         "intermediate_size": int(key("feed_forward_length")),
@@ -146,6 +189,20 @@ def _model_config(reader: Any, gguf_path: Path) -> dict[str, Any]:
         "mlp_bias": False,
         "torch_dtype": "float32",
     }
+    if scaling == "linear":
+        linear = {"rope_type": "linear", "factor": _float32_value(key("rope.scaling.factor"))}
+        config["rope_parameters"] = {**linear, "rope_theta": rope_theta}
+    rotary_dims = int(key("rope.dimension_count", head_dim))
+    # DeepSeek rotates only its rope part of each head, by design (latent attention).
+    if rotary_dims != head_dim and architecture != "deepseek2":
+        raise ValueError(
+            f"{gguf_path.name}: partial rotary embeddings ({rotary_dims} of {head_dim} "
+            "dimensions) are not supported"
+        )
+    if architecture == "phi3":
+        _phi3_settings(reader, config, key, gguf_path)
+    elif architecture == "gemma3":
+        _gemma3_settings(config, key, scaling)
     for name in ("bos", "eos", "padding"):
         token_id = _field(reader, f"tokenizer.ggml.{name}_token_id", None)
         if token_id is not None:
@@ -155,6 +212,72 @@ def _model_config(reader: Any, gguf_path: Path) -> dict[str, Any]:
     except ValueError as error:
         raise ValueError(f"{gguf_path.name}: {error}") from error
     return config
+
+
+def _phi3_settings(reader: Any, config: dict[str, Any], key: Any, gguf_path: Path) -> None:
+    """Phi-3's sliding window (0: none) and its longrope factors, which llama.cpp stores as
+    the tensors rope_factors_short/long beside the original context length."""
+    window = int(key("attention.sliding_window", 0))
+    config["sliding_window"] = window or None
+    factors = {
+        kind: _dequantize(tensor, (int(tensor.shape.prod()),)).astype(np.float64).tolist()
+        for tensor in reader.tensors
+        if (kind := _ROPE_FACTOR_TENSORS.get(tensor.name)) is not None
+    }
+    if not factors:
+        return
+    if set(factors) != {"short", "long"}:
+        raise ValueError(f"{gguf_path.name}: longrope needs both rope_factors_short and _long")
+    original = int(key("rope.scaling.original_context_length"))
+    longrope: dict[str, Any] = {
+        "rope_type": "longrope",
+        "rope_theta": config["rope_theta"],
+        "short_factor": [_float32_value(value) for value in factors["short"]],
+        "long_factor": [_float32_value(value) for value in factors["long"]],
+        "original_max_position_embeddings": original,
+    }
+    stored = key("rope.scaling.attn_factor", None)
+    scale = config["max_position_embeddings"] / original
+    default = 1.0 if scale <= 1 else math.sqrt(1 + math.log(scale) / math.log(original))
+    # The converter writes transformers' default; keep only a factor that differs from it.
+    if stored is not None and np.float32(stored) != np.float32(default):
+        longrope["attention_factor"] = _float32_value(stored)
+    config["original_max_position_embeddings"] = original
+    config["rope_parameters"] = longrope
+
+
+def _gemma3_settings(config: dict[str, Any], key: Any, scaling: str) -> None:
+    """Gemma 3's GeLU, sliding-window layout, local rope base, query scale and soft-cap, with
+    llama.cpp's constants where the GGUF carries no key."""
+    layers = config["num_hidden_layers"]
+    config["hidden_activation"] = "gelu_pytorch_tanh"
+    del config["hidden_act"]
+    config["sliding_window"] = int(key("attention.sliding_window"))
+    pattern = key("attention.sliding_window_pattern", _GEMMA3_SLIDING_PATTERN)
+    if isinstance(pattern, list):
+        kinds = ["sliding_attention" if sliding else "full_attention" for sliding in pattern]
+    else:
+        kinds = [
+            "sliding_attention" if (i + 1) % int(pattern) else "full_attention"
+            for i in range(layers)
+        ]
+    config["layer_types"] = kinds
+    # llama.cpp scales queries by 1/sqrt(head_dim), except for the 27B model's hidden/heads.
+    scalar = config["head_dim"]
+    if layers == _GEMMA3_27B_BLOCKS:
+        scalar = config["hidden_size"] // config["num_attention_heads"]
+    config["query_pre_attn_scalar"] = scalar
+    cap = key("final_logit_softcapping", None)
+    config["final_logit_softcapping"] = None if cap is None else _float32_value(cap)
+    local_theta = _float32_value(key("rope.freq_base_swa", _GEMMA3_LOCAL_THETA))
+    full = dict(config.pop("rope_parameters"))
+    if scaling != "linear":
+        full = {"rope_type": "default", "rope_theta": config["rope_theta"]}
+    config["rope_parameters"] = {
+        "full_attention": full,
+        "sliding_attention": {"rope_type": "default", "rope_theta": local_theta},
+    }
+    config["rope_local_base_freq"] = local_theta
 
 
 def _generation_config(reader: Any) -> dict[str, Any]:
@@ -248,34 +371,46 @@ def _merge_pairs(merges: Iterable[str]) -> list[tuple[str, str]]:
 
 
 def _tensor_plans(reader: Any, config: dict[str, Any], gguf_path: Path) -> list[_Plan]:
+    architecture = _field(reader, "general.architecture")
+    shift = 1.0 if architecture in _NORM_SHIFTED else 0.0
     plans = []
     for tensor in reader.tensors:
+        if tensor.name in _ROPE_FACTOR_TENSORS:
+            continue
         # GGUF lists dimensions fastest-first; row-major HF shapes list them slowest-first.
         shape = tuple(int(dim) for dim in reversed(tensor.shape.tolist()))
-        hf_name, heads = _hf_name(tensor.name, config)
+        hf_name, heads = _hf_name(tensor.name, config, architecture)
         if hf_name is None:
-            raise ValueError(f"{gguf_path.name}: tensor {tensor.name!r} has no llama counterpart")
+            raise ValueError(
+                f"{gguf_path.name}: tensor {tensor.name!r} has no {architecture} counterpart"
+            )
         if heads is not None and shape[0] % (2 * heads) != 0:
             raise ValueError(f"{tensor.name}: {shape[0]} rows do not split into {heads} heads")
-        plans.append(_Plan(tensor.name, hf_name, shape, heads))
+        norm = tensor.name.endswith("norm.weight")
+        plans.append(_Plan(tensor.name, hf_name, shape, heads, shift if norm else 0.0))
     return plans
 
 
-def _hf_name(gguf_name: str, config: dict[str, Any]) -> tuple[str | None, int | None]:
+def _hf_name(
+    gguf_name: str, config: dict[str, Any], architecture: str = "llama"
+) -> tuple[str | None, int | None]:
     routed = moe_tensor_name(gguf_name, config)
     if routed is not None:
         return routed
     if gguf_name in _GLOBAL_TENSOR_NAMES:
         return _GLOBAL_TENSOR_NAMES[gguf_name], None
     match = _LAYER_TENSOR.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _LAYER_TENSOR_NAMES:
+    names = {**_LAYER_TENSOR_NAMES, **_ARCHITECTURE_LAYER_NAMES.get(architecture, {})}
+    if match is None or match.group(2) not in names:
         return None, None
     layer, kind = match.groups()
-    heads = {
-        "attn_q": config["num_attention_heads"],
-        "attn_k": config["num_key_value_heads"],
-    }.get(kind)
-    return f"model.layers.{layer}.{_LAYER_TENSOR_NAMES[kind]}.weight", heads
+    heads = None
+    if architecture in _INTERLEAVED_ROPE:
+        heads = {
+            "attn_q": config["num_attention_heads"],
+            "attn_k": config["num_key_value_heads"],
+        }.get(kind)
+    return f"model.layers.{layer}.{names[kind]}.weight", heads
 
 
 def unpermute_rope_rows(weight: np.ndarray, heads: int) -> np.ndarray:
@@ -323,6 +458,10 @@ def _write_safetensors(path: Path, reader: Any, plans: list[_Plan], *, progress:
             weight = _dequantize(by_name[plan.gguf_name], plan.shape)
             if plan.unpermute_heads is not None:
                 weight = unpermute_rope_rows(weight, plan.unpermute_heads)
+            if plan.shift:
+                # Exact for stored scales in [0.5, 4): adding 1 back on loading gives the
+                # stored value bit for bit.
+                weight = weight - np.float32(plan.shift)
             sink.write(weight.astype("<f4", copy=False).data.cast("B"))
 
 

@@ -61,10 +61,10 @@ def moe_config(
     architecture: str, key: Key, tensor_names: Collection[str], config: dict[str, Any]
 ) -> None:
     """Turns the llama-style `config` of a GGUF into its MoE family's HF config, in place;
-    `key(name, default)` reads `{architecture}.{name}`. A dense llama stays as it is."""
+    `key(name, default)` reads `{architecture}.{name}`. Dense architectures stay as they are."""
     count = int(key("expert_count", 0))
-    if architecture == "llama":
-        if count:
+    if architecture not in MOE_GGUF_ARCHITECTURES:
+        if architecture == "llama" and count:
             config.update(
                 architectures=["MixtralForCausalLM"],
                 model_type="mixtral",
@@ -87,8 +87,6 @@ def moe_config(
             norm_topk_prob=bool(key("expert_weights_norm", True)),
         )
         return
-    if architecture != "deepseek2":
-        raise ValueError(f"architecture {architecture!r} is not a mixture of experts")
     gating = int(key("expert_gating_func", _GATING_SIGMOID))
     if gating != _GATING_SIGMOID:
         raise ValueError(f"DeepSeek expert gating function {gating} is not supported (sigmoid: 2)")

@@ -38,10 +38,12 @@ def load_model(
     split: RankSplit | None = None,
     collectives: Collectives | None = None,
     batch_invariant: bool = False,
+    context_length: int | None = None,
 ) -> DecoderModel:
     """Reads `config.json` and the safetensors weights (single file or sharded) of `model_dir`;
     with a `split`, only this rank's part of each tensor is kept. `batch_invariant` builds the
-    model with the batch-invariant kernels (`DecoderModel`)."""
+    model with the batch-invariant kernels, `context_length` is the longest sequence served
+    (both as `DecoderModel` takes them)."""
     model_dir = Path(model_dir)
     config = ModelConfig.from_dir(model_dir)
     files, owner = _checkpoint_files(model_dir)
@@ -67,6 +69,7 @@ def load_model(
             split=split,
             collectives=collectives,
             batch_invariant=batch_invariant,
+            context_length=context_length,
         )
 
 
@@ -102,12 +105,15 @@ def build_model(
     split: RankSplit | None = None,
     collectives: Collectives | None = None,
     batch_invariant: bool = False,
+    context_length: int | None = None,
 ) -> DecoderModel:
     """Fills a new `DecoderModel` from tensors named as in Hugging Face Llama checkpoints.
 
     `source(name)` returns the tensor with that name or raises `MissingTensorError` (a KeyError);
     other loaders (GGUF) reuse this by renaming their tensors to the HF names. A `split` keeps
-    this rank's heads, MLP columns and vocabulary lanes of each tensor.
+    this rank's heads, MLP columns and vocabulary lanes of each tensor. Phi-3's fused
+    `qkv_proj` and `gate_up_proj` are cut into their parts first, so each rank keeps its heads
+    and columns of each part; Gemma 3's norm weights gain the config's offset (1) in float32.
     """
     device = torch.device(device)
     model = DecoderModel(
@@ -117,8 +123,11 @@ def build_model(
         split=split,
         collectives=collectives,
         batch_invariant=batch_invariant,
+        context_length=context_length,
     )
     cuts = _cuts(config, split)
+    fused = SUPPORTED_ARCHITECTURES[config.architecture] == "phi3"
+    offset = config.norm_weight_offset
 
     def fill(target: torch.Tensor, names: Iterable[str], role: str | None = None) -> None:
         cut = cuts[role] if role is not None else None
@@ -131,9 +140,32 @@ def build_model(
             )
         target.copy_(tensor)
 
+    def fill_norm(target: torch.Tensor, name: str) -> None:
+        tensor = _fetch(source, name)
+        if offset:
+            tensor = tensor.to(torch.float32) + offset
+        if tuple(tensor.shape) != tuple(target.shape):
+            raise ValueError(
+                f"tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
+            )
+        target.copy_(tensor)
+
+    def qkv_parts(attention: str, suffix: str) -> list[torch.Tensor]:
+        if not fused:
+            return [_fetch(source, f"{attention}{p}_proj.{suffix}") for p in "qkv"]
+        whole = _fetch(source, f"{attention}qkv_proj.{suffix}")
+        query_rows = config.num_attention_heads * config.head_dim
+        kv_rows = config.num_key_value_heads * config.head_dim
+        if whole.shape[0] != query_rows + 2 * kv_rows:
+            raise ValueError(
+                f"tensor {attention}qkv_proj.{suffix} has {whole.shape[0]} rows, expected "
+                f"{query_rows + 2 * kv_rows} (query, key and value heads)"
+            )
+        return list(whole.split((query_rows, kv_rows, kv_rows), dim=0))
+
     def fill_qkv(target: torch.Tensor, attention: str, suffix: str) -> None:
-        parts = [_cut(_fetch(source, f"{attention}q_proj.{suffix}"), cuts["q"])]
-        parts += [_cut(_fetch(source, f"{attention}{p}_proj.{suffix}"), cuts["kv"]) for p in "kv"]
+        query, key, value = qkv_parts(attention, suffix)
+        parts = [_cut(query, cuts["q"]), _cut(key, cuts["kv"]), _cut(value, cuts["kv"])]
         tensor = torch.cat(parts, dim=0)
         if tuple(tensor.shape) != tuple(target.shape):
             raise ValueError(
@@ -153,9 +185,23 @@ def build_model(
         return True
 
     flavour = SUPPORTED_ARCHITECTURES[config.architecture]
+
+    def fill_fused_gate_up(target: torch.Tensor, name: str) -> None:
+        whole = _fetch(source, name)
+        inner = config.intermediate_size
+        if whole.shape[0] != 2 * inner:
+            raise ValueError(f"tensor {name} has {whole.shape[0]} rows, expected {2 * inner}")
+        gate, up = whole.split(inner, dim=0)
+        tensor = torch.cat((_cut(gate, cuts["inner"]), _cut(up, cuts["inner"])), dim=0)
+        if tuple(tensor.shape) != tuple(target.shape):
+            raise ValueError(
+                f"tensor {name} gives shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
+            )
+        target.copy_(tensor)
+
     with torch.no_grad():
         fill(model.embed_weight, ["model.embed_tokens.weight"], "vocab")
-        fill(model.norm_weight, ["model.norm.weight"])
+        fill_norm(model.norm_weight, "model.norm.weight")
         if not config.tie_word_embeddings:
             fill(model.lm_head_weight, ["lm_head.weight"], "vocab")
         for index, module in enumerate(model.layers):
@@ -163,8 +209,17 @@ def build_model(
             prefix = f"model.layers.{index}."
             attention = prefix + "self_attn."
             mlp = prefix + "mlp."
-            fill(layer.input_norm, [prefix + "input_layernorm.weight"])
-            fill(layer.post_attention_norm, [prefix + "post_attention_layernorm.weight"])
+            fill_norm(layer.input_norm, prefix + "input_layernorm.weight")
+            if layer.attention_out_norm is not None and layer.mlp_out_norm is not None:
+                # Gemma's sandwich: its post_attention_layernorm norms the attention output.
+                fill_norm(layer.attention_out_norm, prefix + "post_attention_layernorm.weight")
+                fill_norm(layer.post_attention_norm, prefix + "pre_feedforward_layernorm.weight")
+                fill_norm(layer.mlp_out_norm, prefix + "post_feedforward_layernorm.weight")
+            else:
+                fill_norm(layer.post_attention_norm, prefix + "post_attention_layernorm.weight")
+            if layer.q_norm is not None and layer.k_norm is not None:
+                fill_norm(layer.q_norm, attention + "q_norm.weight")
+                fill_norm(layer.k_norm, attention + "k_norm.weight")
             if layer.latent is not None:
                 fill_latent_attention(layer.latent, fetch, attention, split)
             else:
@@ -174,14 +229,14 @@ def build_model(
                 fill(layer.output_weight, [attention + "o_proj.weight"], "o")
                 if layer.output_bias is not None:
                     fill(layer.output_bias, [attention + "o_proj.bias"])
-            if layer.q_norm is not None and layer.k_norm is not None:
-                fill(layer.q_norm, [attention + "q_norm.weight"])
-                fill(layer.k_norm, [attention + "k_norm.weight"])
             if layer.experts is not None:
                 fill_experts(layer.experts, fetch, has, prefix, flavour)
                 continue
-            gate_up = [mlp + "gate_proj.weight", mlp + "up_proj.weight"]
-            fill(layer.gate_up_weight, gate_up, "inner")
+            if fused:
+                fill_fused_gate_up(layer.gate_up_weight, mlp + "gate_up_proj.weight")
+            else:
+                gate_up = [mlp + "gate_proj.weight", mlp + "up_proj.weight"]
+                fill(layer.gate_up_weight, gate_up, "inner")
             if layer.gate_up_bias is not None:
                 fill(layer.gate_up_bias, [mlp + "gate_proj.bias", mlp + "up_proj.bias"], "inner")
             fill(layer.down_weight, [mlp + "down_proj.weight"], "down")

@@ -16,16 +16,24 @@ from adapters.gpu.model.moe_config import (
     latent_attention_from_hf,
 )
 
-# Architecture name -> the flavour of Llama-family decoder it describes.
+# Architecture name -> the flavour of Llama-family decoder it describes (its model_type).
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "MistralForCausalLM": "mistral",
+    "Qwen3ForCausalLM": "qwen3",
+    "Phi3ForCausalLM": "phi3",
+    "Gemma3ForCausalLM": "gemma3_text",
     **MOE_ARCHITECTURES,
 }
 _MODEL_TYPE_TO_ARCHITECTURE = {flavour: name for name, flavour in SUPPORTED_ARCHITECTURES.items()}
-SUPPORTED_ROPE_TYPES = frozenset({"linear", "dynamic", "llama3", "yarn"})
+SUPPORTED_ROPE_TYPES = frozenset({"linear", "dynamic", "llama3", "yarn", "longrope"})
+SUPPORTED_ACTIVATIONS = frozenset({"silu", "gelu_pytorch_tanh"})
 DEFAULT_ROPE_THETA = 10_000.0
+# Gemma 3's defaults when config.json leaves them out (transformers' Gemma3TextConfig).
+_GEMMA3_GLOBAL_THETA = 1_000_000.0
+_GEMMA3_LOCAL_THETA = 10_000.0
+_GEMMA3_SLIDING_PATTERN = 6
 
 
 @dataclass(frozen=True)
@@ -37,10 +45,20 @@ class ModelConfig:
     `attention_bias` is the q/k/v projection bias; `output_bias` the o_proj bias.
     `sliding_windows` holds one entry per layer: None for full causal attention, W for a
     layer whose query at position p sees only keys at positions > p - W.
-    `qk_norm` RMS-normalises each query and key head before rotation (Qwen3). `experts` routes
-    the MLP of sparse layers (mixture of experts); `latent_attention` replaces the attention
-    with DeepSeek's latent form, whose cache holds one [1, cache_width] row per token (then
-    `num_key_value_heads` is 1 and `head_dim` the rotary width).
+
+    The remaining fields describe the families beyond Llama, each off by default:
+    `qk_norm` RMS-normalises every query and key head before the rotation (Qwen3, Gemma 3);
+    `norm_weight_offset` is added to every checkpoint norm weight, and the norm is then scaled
+    in float32 (Gemma's `1 + w`); `sandwich_norms` also normalises the attention and MLP outputs
+    before their residual adds (Gemma 3); `embedding_multiplier` scales the embedding rows (in
+    the model dtype); `attention_multiplier` replaces head_dim ** -0.5 as the query scale;
+    `final_logit_softcapping` caps logits as cap * tanh(logit / cap); `local_rope_theta` is the
+    plain-RoPE base of the sliding-window layers (Gemma 3), which otherwise share the rope of
+    the global ones.
+    `experts` routes the MLP of sparse layers (mixture of experts, `docs/moe.md`);
+    `latent_attention` replaces the attention with DeepSeek's latent form, whose cache holds one
+    [1, cache_width] row per token (then `num_key_value_heads` is 1 and `head_dim` the rotary
+    width).
     """
 
     architecture: str
@@ -62,7 +80,14 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
     sliding_windows: tuple[int | None, ...] = field(default=())
+    hidden_act: str = "silu"
     qk_norm: bool = False
+    norm_weight_offset: float = 0.0
+    sandwich_norms: bool = False
+    embedding_multiplier: float | None = None
+    attention_multiplier: float | None = None
+    final_logit_softcapping: float | None = None
+    local_rope_theta: float | None = None
     experts: ExpertsSettings | None = None
     latent_attention: LatentAttentionSettings | None = None
 
@@ -100,6 +125,17 @@ class ModelConfig:
                     f"unsupported rope_type {rope_type!r}; supported: default, "
                     + ", ".join(sorted(SUPPORTED_ROPE_TYPES))
                 )
+        if self.hidden_act not in SUPPORTED_ACTIVATIONS:
+            raise ValueError(
+                f"unsupported hidden_act {self.hidden_act!r}; supported: "
+                + ", ".join(sorted(SUPPORTED_ACTIVATIONS))
+            )
+        for name in ("embedding_multiplier", "attention_multiplier", "final_logit_softcapping"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be positive, got {value!r}")
+        if self.local_rope_theta is not None and not self.local_rope_theta > 0:
+            raise ValueError(f"local_rope_theta must be positive, got {self.local_rope_theta}")
         if not self.sliding_windows:
             object.__setattr__(self, "sliding_windows", (None,) * self.num_hidden_layers)
         if len(self.sliding_windows) != self.num_hidden_layers:
@@ -147,10 +183,17 @@ class ModelConfig:
         hidden_size = _required(raw, "hidden_size")
         num_heads = _required(raw, "num_attention_heads")
         num_layers = _required(raw, "num_hidden_layers")
-        hidden_act = raw.get("hidden_act", "silu")
-        if hidden_act != "silu":
-            raise ValueError(f"unsupported hidden_act {hidden_act!r}; only 'silu' is supported")
-        rope_theta, rope_scaling = _rope_settings(raw)
+        hidden_act = raw.get("hidden_activation") or raw.get("hidden_act") or "silu"
+        if hidden_act not in SUPPORTED_ACTIVATIONS:
+            raise ValueError(
+                f"unsupported hidden_act {hidden_act!r}; supported: "
+                + ", ".join(sorted(SUPPORTED_ACTIVATIONS))
+            )
+        if flavour == "gemma3_text":
+            rope_theta, rope_scaling, local_theta = _gemma3_rope_settings(raw)
+        else:
+            rope_theta, rope_scaling = _rope_settings(raw, flavour)
+            local_theta = None
         if flavour == "qwen2":
             attention_bias, output_bias = True, False
         elif flavour == "qwen2_moe":
@@ -183,7 +226,9 @@ class ModelConfig:
             eos_token_ids=_token_ids(raw.get("eos_token_id")),
             bos_token_id=raw.get("bos_token_id"),
             sliding_windows=_sliding_windows(raw, flavour, num_layers),
-            qk_norm=flavour == "qwen3_moe",
+            hidden_act=hidden_act,
+            local_rope_theta=local_theta,
+            **_family_settings(raw, flavour),
             experts=experts_from_hf(raw, flavour, num_layers),
             latent_attention=latent,
         )
@@ -226,7 +271,57 @@ def _token_ids(value: Any) -> tuple[int, ...]:
     return tuple(int(token_id) for token_id in value)
 
 
-def _rope_settings(raw: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:
+def _family_settings(raw: Mapping[str, Any], flavour: str) -> dict[str, Any]:
+    """The ModelConfig fields of the Qwen3 and Gemma 3 layer shapes."""
+    if flavour in ("qwen3", "qwen3_moe"):
+        return {"qk_norm": True}
+    if flavour != "gemma3_text":
+        return {}
+    if raw.get("use_bidirectional_attention"):
+        raise ValueError("Gemma 3 with use_bidirectional_attention is not supported")
+    if raw.get("attn_logit_softcapping") is not None:
+        raise ValueError(
+            "attn_logit_softcapping is not supported (Gemma 3 checkpoints leave it null)"
+        )
+    head_dim = raw.get("head_dim") or 256
+    scalar = raw.get("query_pre_attn_scalar") or head_dim
+    cap = raw.get("final_logit_softcapping")
+    return {
+        "qk_norm": True,
+        "norm_weight_offset": 1.0,
+        "sandwich_norms": True,
+        "embedding_multiplier": float(_required(raw, "hidden_size")) ** 0.5,
+        "attention_multiplier": float(scalar) ** -0.5,
+        "final_logit_softcapping": None if cap is None else float(cap),
+    }
+
+
+def _gemma3_rope_settings(
+    raw: Mapping[str, Any],
+) -> tuple[float, dict[str, Any] | None, float]:
+    """Global rope (theta, scaling) and the local layers' base, from either spelling: the
+    transformers 5 `rope_parameters` per layer type, or `rope_theta`, `rope_scaling` and
+    `rope_local_base_freq`."""
+    parameters = raw.get("rope_parameters") or {}
+    if "full_attention" in parameters or "sliding_attention" in parameters:
+        full = dict(parameters.get("full_attention") or {})
+        local = dict(parameters.get("sliding_attention") or {})
+    else:
+        full = dict(raw.get("rope_scaling") or parameters or {})
+        full.setdefault("rope_theta", raw.get("rope_theta") or _GEMMA3_GLOBAL_THETA)
+        local = {"rope_theta": raw.get("rope_local_base_freq") or _GEMMA3_LOCAL_THETA}
+    full.setdefault("rope_theta", _GEMMA3_GLOBAL_THETA)
+    local_type = local.get("rope_type") or local.get("type") or "default"
+    if local_type != "default":
+        raise ValueError(f"sliding-window layers with rope_type {local_type!r} are not supported")
+    merged = {"rope_parameters": full, "max_position_embeddings": raw["max_position_embeddings"]}
+    theta, scaling = _rope_settings(merged, "gemma3_text")
+    return theta, scaling, float(local.get("rope_theta") or _GEMMA3_LOCAL_THETA)
+
+
+def _rope_settings(
+    raw: Mapping[str, Any], flavour: str = "llama"
+) -> tuple[float, dict[str, Any] | None]:
     """Merges the transformers 5 `rope_parameters` and the older `rope_scaling` spellings."""
     parameters = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
     if any(isinstance(value, dict) for value in parameters.values()):
@@ -234,13 +329,23 @@ def _rope_settings(raw: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None
     theta = parameters.pop("rope_theta", None) or raw.get("rope_theta") or DEFAULT_ROPE_THETA
     rope_type = parameters.pop("rope_type", None) or parameters.pop("type", None) or "default"
     parameters.pop("type", None)
+    if flavour == "phi3" and rope_type in ("su", "yarn"):
+        # transformers' Phi3Config reads both older names as longrope.
+        rope_type = "longrope"
     partial = parameters.pop("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
     if partial not in (None, 1, 1.0):
         raise ValueError(f"partial_rotary_factor {partial} is not supported")
     if rope_type == "default":
         return float(theta), None
-    if rope_type in ("llama3", "yarn"):
+    if rope_type == "longrope" and raw.get("original_max_position_embeddings"):
+        # Phi-3 keeps the pretraining length beside rope_scaling; transformers prefers it.
+        parameters["original_max_position_embeddings"] = raw["original_max_position_embeddings"]
+    if rope_type in ("llama3", "yarn", "longrope"):
         parameters.setdefault("original_max_position_embeddings", raw["max_position_embeddings"])
+    if rope_type == "longrope":
+        for key in ("short_factor", "long_factor"):
+            if not isinstance(parameters.get(key), list):
+                raise ValueError(f"longrope rope scaling lacks its {key} list")
     return float(theta), {"rope_type": rope_type, **parameters}
 
 
@@ -250,9 +355,23 @@ def _sliding_windows(
     window = raw.get("sliding_window")
     if flavour in ("mistral", "mixtral"):
         return (window,) * num_layers
+    if flavour == "phi3":
+        # One window (or none) for every layer; llama.cpp's GGUF writes 0 for none.
+        return (window or None,) * num_layers
+    if flavour == "gemma3_text":
+        layer_types = raw.get("layer_types")
+        if layer_types is None:
+            pattern = raw.get("sliding_window_pattern") or _GEMMA3_SLIDING_PATTERN
+            layer_types = [
+                "sliding_attention" if (i + 1) % pattern else "full_attention"
+                for i in range(num_layers)
+            ]
+        if len(layer_types) != num_layers:
+            raise ValueError(f"layer_types has {len(layer_types)} entries for {num_layers} layers")
+        return tuple(window if kind == "sliding_attention" else None for kind in layer_types)
     if flavour == "qwen3_moe" and raw.get("use_sliding_window") and window:
         return (window,) * num_layers
-    if flavour in ("qwen2", "qwen2_moe") and raw.get("use_sliding_window") and window:
+    if flavour in ("qwen2", "qwen3", "qwen2_moe") and raw.get("use_sliding_window") and window:
         layer_types = raw.get("layer_types")
         if layer_types is None:
             first_sliding = raw.get("max_window_layers", num_layers)

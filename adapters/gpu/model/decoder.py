@@ -1,7 +1,9 @@
-"""The Llama-family decoder (Llama, Qwen2, Mistral) running over a paged KV cache."""
+"""The Llama-family decoder (Llama, Qwen2/3, Mistral, Phi-3, Gemma 3) over a paged KV cache."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import cast
 
 import torch
@@ -22,6 +24,30 @@ from adapters.gpu.model.layer_ops import row_parallel as _row_parallel
 from adapters.gpu.model.rope import RotaryEmbedding, apply_rotary
 
 
+def offset_rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma's norm: normalised and scaled in float32 by `weight` (float32, holding the
+    checkpoint's 1 + w), then cast to the model dtype."""
+    as_float = hidden.to(torch.float32)
+    variance = as_float.pow(2).mean(-1, keepdim=True)
+    return (as_float * torch.rsqrt(variance + eps) * weight).to(hidden.dtype)
+
+
+Norm = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+
+
+def _norm_of(config: ModelConfig, dtype: torch.dtype) -> tuple[Norm, torch.dtype]:
+    """The norm function and its weights' dtype: Gemma's offset norms scale in float32."""
+    if config.norm_weight_offset:
+        return offset_rms_norm, torch.float32
+    return rms_norm, dtype
+
+
+def _activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    if name == "gelu_pytorch_tanh":
+        return lambda gate: F.gelu(gate, approximate="tanh")
+    return F.silu
+
+
 def _weight(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
@@ -33,7 +59,10 @@ def _optional(
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm attention and SwiGLU MLP blocks with residuals.
+    """Pre-norm attention and gated MLP (SiLU or GeLU-tanh) blocks with residuals; with the
+    config's options, per-head q/k norms before the rotation and sandwich norms on each block's
+    output (Gemma 3: `attention_out_norm`, `mlp_out_norm`; `post_attention_norm` is always the
+    norm in front of the MLP).
 
     q/k/v and gate/up projections are fused into one matmul each; the loader concatenates
     the checkpoint's separate weights in that order. Under tensor parallelism `config` holds
@@ -65,7 +94,9 @@ class DecoderLayer(nn.Module):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = head_dim
         self.eps = config.rms_norm_eps
-        self.scale = head_dim**-0.5
+        self.scale = config.attention_multiplier or head_dim**-0.5
+        self._norm, norm_dtype = _norm_of(config, dtype)
+        self._act = _activation(config.hidden_act)
         qkv_size = (self.num_heads + 2 * self.num_kv_heads) * head_dim
         inner = config.intermediate_size
         self.experts = _experts(
@@ -77,14 +108,16 @@ class DecoderLayer(nn.Module):
         attention_width = 0 if self.latent is not None else self.num_heads * head_dim
         if self.latent is not None:
             qkv_size = 0
-        self.q_norm = _optional(config.qk_norm, head_dim, dtype, device)
-        self.k_norm = _optional(config.qk_norm, head_dim, dtype, device)
-        self.input_norm = _weight(hidden, dtype=dtype, device=device)
+        self.input_norm = _weight(hidden, dtype=norm_dtype, device=device)
         self.qkv_weight = _weight(qkv_size, hidden, dtype=dtype, device=device)
         self.qkv_bias = _optional(config.attention_bias, qkv_size, dtype, device)
         self.output_weight = _weight(hidden, attention_width, dtype=dtype, device=device)
         self.output_bias = _optional(config.output_bias, hidden, dtype, device)
-        self.post_attention_norm = _weight(hidden, dtype=dtype, device=device)
+        self.post_attention_norm = _weight(hidden, dtype=norm_dtype, device=device)
+        self.q_norm = _optional(config.qk_norm, head_dim, norm_dtype, device)
+        self.k_norm = _optional(config.qk_norm, head_dim, norm_dtype, device)
+        self.attention_out_norm = _optional(config.sandwich_norms, hidden, norm_dtype, device)
+        self.mlp_out_norm = _optional(config.sandwich_norms, hidden, norm_dtype, device)
         self.gate_up_weight = _weight(2 * inner, hidden, dtype=dtype, device=device)
         self.gate_up_bias = _optional(config.mlp_bias, 2 * inner, dtype, device)
         self.down_weight = _weight(hidden, inner, dtype=dtype, device=device)
@@ -102,23 +135,20 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         num_rows = hidden.shape[0]
         rotated_heads = self.num_heads + self.num_kv_heads
-        normed = rms_norm(hidden, self.input_norm, self.eps)
+        norm = self._norm
+        normed = norm(hidden, self.input_norm, self.eps)
         linear = self._linear
         if self.latent is not None:
             attended = self.latent(normed, cos, signed_sin, batch, key_cache, masks)
             return self._feed_forward(hidden + attended)
         qkv = linear(normed, self.qkv_weight, self.qkv_bias).view(num_rows, -1, self.head_dim)
+        heads = qkv[:, :rotated_heads]
         if self.q_norm is not None and self.k_norm is not None:
-            qkv = torch.cat(
-                (
-                    rms_norm(qkv[:, : self.num_heads], self.q_norm, self.eps),
-                    rms_norm(qkv[:, self.num_heads : rotated_heads], self.k_norm, self.eps),
-                    qkv[:, rotated_heads:],
-                ),
-                dim=1,
-            )
+            queries = norm(heads[:, : self.num_heads], self.q_norm, self.eps)
+            keys = norm(heads[:, self.num_heads :], self.k_norm, self.eps)
+            heads = torch.cat((queries, keys), dim=1)
         # Queries and keys are adjacent heads, so one rotation covers both.
-        rotated = apply_rotary(qkv[:, :rotated_heads], cos, signed_sin)
+        rotated = apply_rotary(heads, cos, signed_sin)
         attended = paged_attention(
             rotated[:, : self.num_heads],
             rotated[:, self.num_heads :],
@@ -131,21 +161,25 @@ class DecoderLayer(nn.Module):
             self._invariant,
         )
         reduce = self._collectives
-        hidden = hidden + _row_parallel(
-            attended, self.output_weight, self.output_bias, reduce, linear
-        )
-        return self._feed_forward(hidden)
+        attention = _row_parallel(attended, self.output_weight, self.output_bias, reduce, linear)
+        if self.attention_out_norm is not None:
+            attention = norm(attention, self.attention_out_norm, self.eps)
+        return self._feed_forward(hidden + attention)
 
     def _feed_forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """The post-attention norm and MLP (dense or routed) with its residual."""
-        normed = rms_norm(hidden, self.post_attention_norm, self.eps)
+        norm, linear = self._norm, self._linear
+        normed = norm(hidden, self.post_attention_norm, self.eps)
         if self.experts is not None:
-            return hidden + self.experts(normed)
-        linear = self._linear
-        gate, up = linear(normed, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
-        return hidden + _row_parallel(
-            F.silu(gate) * up, self.down_weight, self.down_bias, self._collectives, linear
-        )
+            mlp = self.experts(normed)
+        else:
+            gate, up = linear(normed, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
+            mlp = _row_parallel(
+                self._act(gate) * up, self.down_weight, self.down_bias, self._collectives, linear
+            )
+        if self.mlp_out_norm is not None:
+            mlp = norm(mlp, self.mlp_out_norm, self.eps)
+        return hidden + mlp
 
     def gemm_weights(self) -> list[torch.Tensor]:
         """One weight of each matmul shape the layer runs."""
@@ -218,6 +252,11 @@ class DecoderModel(nn.Module):
     `batch_invariant` makes every row's hidden state and logits independent of the batch: which
     rows share the forward, how a prompt was chunked, how many rows a speculative round feeds
     (see `adapters.gpu.model.invariant`); rotary tables come from one table of every position.
+
+    `context_length` is the longest sequence served (default: the config's positions); rope
+    variants that depend on it (longrope) take it from here. Sliding-window layers rotate with
+    their own plain rope when the config has `local_rope_theta` (Gemma 3), and final logits are
+    soft-capped where the config says so: the capped values are the model's raw logits.
     """
 
     def __init__(
@@ -229,6 +268,7 @@ class DecoderModel(nn.Module):
         split: RankSplit | None = None,
         collectives: Collectives | None = None,
         batch_invariant: bool = False,
+        context_length: int | None = None,
     ) -> None:
         super().__init__()
         if split is not None and not split.whole and collectives is None:
@@ -249,12 +289,21 @@ class DecoderModel(nn.Module):
             )
             for index in range(config.num_hidden_layers)
         )
-        self.norm_weight = _weight(hidden, dtype=dtype, device=self.device)
+        self._norm, norm_dtype = _norm_of(config, dtype)
+        self.norm_weight = _weight(hidden, dtype=norm_dtype, device=self.device)
         if config.tie_word_embeddings:
             self.lm_head_weight = self.embed_weight
         else:
             self.lm_head_weight = _weight(vocab, hidden, dtype=dtype, device=self.device)
-        self.rotary = RotaryEmbedding(config, self.device, tabulated=batch_invariant)
+        self.rotary = RotaryEmbedding(
+            config, self.device, tabulated=batch_invariant, context_length=context_length
+        )
+        self.local_rotary: RotaryEmbedding | None = None
+        if config.local_rope_theta is not None:
+            plain = dataclasses.replace(
+                config, rope_theta=config.local_rope_theta, rope_scaling=None
+            )
+            self.local_rotary = RotaryEmbedding(plain, self.device, tabulated=batch_invariant)
         self._windows = config.sliding_windows
         self._groups = self.config.num_query_groups
 
@@ -263,13 +312,23 @@ class DecoderModel(nn.Module):
         """Final-normed hidden states [N, hidden] of every row of `batch`."""
         self._check(batch, kv_cache)
         hidden = self._embed(batch.input_ids)
-        cos, signed_sin = self.rotary.cos_sin(batch.positions, self.dtype)
+        multiplier = self.config.embedding_multiplier
+        if multiplier is not None:
+            # transformers rounds the multiplier to the model dtype before scaling.
+            hidden = hidden * torch.tensor(multiplier, dtype=self.dtype, device=self.device)
+        rotations: dict[int | None, tuple[torch.Tensor, ...]] = {
+            None: self.rotary.cos_sin(batch.positions, self.dtype)
+        }
+        if self.local_rotary is not None:
+            local = self.local_rotary.cos_sin(batch.positions, self.dtype)
+            rotations.update({w: local for w in self._windows if w is not None})
         fresh = not self.batch_invariant
         masks = {
             window: AttentionMasks.build(batch, self._groups, window, allow_fresh=fresh)
             for window in set(self._windows)
         }
         for index, layer in enumerate(self.layers):
+            cos, signed_sin = rotations.get(self._windows[index], rotations[None])
             hidden = layer(
                 hidden,
                 cos,
@@ -279,7 +338,7 @@ class DecoderModel(nn.Module):
                 kv_cache.values[index],
                 masks[self._windows[index]],
             )
-        return rms_norm(hidden, self.norm_weight, self.config.rms_norm_eps)
+        return self._norm(hidden, self.norm_weight, self.config.rms_norm_eps)
 
     def gemm_weights(self) -> list[torch.Tensor]:
         """One weight of each matmul shape the model runs (every layer's, the LM head)."""
@@ -309,8 +368,13 @@ class DecoderModel(nn.Module):
     @torch.inference_mode()
     def compute_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """Float32 logits [R, lanes] of final-normed hidden rows [R, hidden]: the whole model
-        vocabulary, or a split model's own vocabulary lanes."""
-        return self._linear(hidden_rows, self.lm_head_weight).float()
+        vocabulary, or a split model's own vocabulary lanes; soft-capped (in float32) where the
+        config caps them."""
+        logits = self._linear(hidden_rows, self.lm_head_weight).float()
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
     def _check(self, batch: ForwardBatch, kv_cache: PagedKVCache) -> None:
         if batch.block_size != kv_cache.block_size:

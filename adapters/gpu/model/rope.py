@@ -16,11 +16,15 @@ def base_inverse_frequencies(theta: float, head_dim: int) -> torch.Tensor:
     return 1.0 / (theta**exponents)
 
 
-def inverse_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
+def inverse_frequencies(
+    config: ModelConfig, context_length: int | None = None
+) -> tuple[torch.Tensor, float]:
     """The static inverse frequencies [head_dim / 2] and the cos/sin multiplier.
 
     The dynamic (NTK) variant depends on the position; this returns its frequencies for
-    positions inside the pretrained context, which are the plain ones.
+    positions inside the pretrained context, which are the plain ones. `context_length` is
+    the longest sequence served (default: the config's max_position_embeddings); longrope
+    picks its factor set by it (`longrope_inverse_frequencies`).
     """
     scaling = config.rope_scaling
     plain = base_inverse_frequencies(config.rope_theta, config.head_dim)
@@ -35,6 +39,10 @@ def inverse_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
         return _llama3(plain, scaling), 1.0
     if rope_type == "yarn":
         return _yarn(config, scaling)
+    if rope_type == "longrope":
+        return longrope_inverse_frequencies(
+            config, context_length or config.max_position_embeddings
+        )
     raise ValueError(f"unsupported rope_type {rope_type!r}")
 
 
@@ -55,6 +63,40 @@ def dynamic_ntk_inverse_frequencies(config: ModelConfig, positions: torch.Tensor
     exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=positions.device)
     exponents = exponents.to(torch.float32) / dim
     return 1.0 / (bases.to(torch.float32)[:, None] ** exponents[None, :])
+
+
+def longrope_inverse_frequencies(
+    config: ModelConfig, context_length: int
+) -> tuple[torch.Tensor, float]:
+    """Phi-3's longrope: plain frequencies divided per dimension by the short or the long
+    factors, and the cos/sin multiplier (`attention_factor`, else transformers' default
+    sqrt(1 + ln(factor) / ln(original)) for factor = max positions / original positions).
+
+    transformers picks one factor set for a whole sequence: long when the sequence is longer
+    than original_max_position_embeddings. A paged cache keeps keys rotated when written, so
+    one set must hold for every sequence the server may hold: the long factors when
+    `context_length` (the served --max-model-len) exceeds the original length, else the short.
+    """
+    scaling = config.rope_scaling
+    if scaling is None or scaling["rope_type"] != "longrope":
+        raise ValueError("the config does not use longrope scaling")
+    original = int(scaling["original_max_position_embeddings"])
+    chosen = scaling["long_factor"] if context_length > original else scaling["short_factor"]
+    if len(chosen) != config.head_dim // 2:
+        raise ValueError(
+            f"longrope factors have {len(chosen)} entries for head_dim {config.head_dim}; "
+            f"expected {config.head_dim // 2}"
+        )
+    factors = torch.tensor(chosen, dtype=torch.float32)
+    exponents = torch.arange(0, config.head_dim, 2, dtype=torch.int64).to(torch.float32)
+    inverse = 1.0 / (factors * config.rope_theta ** (exponents / config.head_dim))
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        factor = scaling.get("factor") or config.max_position_embeddings / original
+        attention_factor = (
+            1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+        )
+    return inverse, float(attention_factor)
 
 
 def _llama3(plain: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
@@ -118,8 +160,14 @@ class RotaryEmbedding:
     Follows the rotate-half convention: the head's first and second halves form the pairs.
     """
 
-    def __init__(self, config: ModelConfig, device: torch.device, tabulated: bool = False) -> None:
-        inv_freq, self._attention_scaling = inverse_frequencies(config)
+    def __init__(
+        self,
+        config: ModelConfig,
+        device: torch.device,
+        tabulated: bool = False,
+        context_length: int | None = None,
+    ) -> None:
+        inv_freq, self._attention_scaling = inverse_frequencies(config, context_length)
         self._inv_freq = inv_freq.to(device)
         scaling = config.rope_scaling
         self._dynamic = scaling is not None and scaling["rope_type"] == "dynamic"

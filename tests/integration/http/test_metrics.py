@@ -374,6 +374,7 @@ def test_each_error_has_its_rejection_reason(error, reason):
 def test_an_overloaded_engine_s_503_is_counted_as_overloaded(served):
     class Full:
         max_model_len = served.engine.max_model_len
+        submit_waits = False
 
         def check(self, request):
             return CheckedRequest(request, self)

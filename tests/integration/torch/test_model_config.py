@@ -120,9 +120,9 @@ def test_unsupported_architecture_is_rejected_by_name(tmp_path: Path) -> None:
 
 
 def test_unsupported_rope_type_is_rejected(tmp_path: Path) -> None:
-    scaling = {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}
+    scaling = {"rope_type": "proportional", "factor": 2.0}
 
-    with pytest.raises(ValueError, match="longrope"):
+    with pytest.raises(ValueError, match="proportional"):
         ModelConfig.from_dir(write_config(tmp_path, rope_scaling=scaling))
 
 

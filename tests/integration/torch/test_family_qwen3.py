@@ -1,0 +1,114 @@
+"""A tiny random Qwen3 checkpoint (per-head q/k norms) served as transformers computes it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from adapters.gpu.loading.gguf_export import export_gguf
+from adapters.gpu.loading.weights import load_model
+from adapters.gpu.model.config import ModelConfig
+from tests.support import family_checks as checks
+from tests.support.gguf_files import write_gguf
+from tests.support.tiny_models import build_tiny_qwen3
+from tests.support.tokenizers import build_byte_level_bpe
+
+pytestmark = pytest.mark.model
+
+PROMPT = checks.random_tokens(24, seed=3)
+
+
+def _checkpoint(directory: Path, dtype: torch.dtype) -> Path:
+    build_tiny_qwen3(directory, vocab_size=checks.VOCAB, seed=4, dtype=dtype)
+    build_byte_level_bpe(directory, vocab_size=checks.VOCAB)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def float32_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _checkpoint(tmp_path_factory.mktemp("qwen3-f32"), torch.float32)
+
+
+@pytest.fixture(scope="module")
+def reference(float32_dir: Path) -> torch.nn.Module:
+    return checks.reference_model(float32_dir)
+
+
+def test_the_config_reads_qk_norms_head_dim_and_no_bias(float32_dir: Path) -> None:
+    config = ModelConfig.from_dir(float32_dir)
+
+    assert (config.architecture, config.qk_norm, config.head_dim) == ("Qwen3ForCausalLM", True, 32)
+    assert not config.attention_bias and config.sliding_windows == (None, None)
+
+
+def test_a_qwen3_checkpoint_matches_transformers_logits_in_float32(
+    float32_dir: Path, reference: torch.nn.Module
+) -> None:
+    ours = load_model(float32_dir, dtype=torch.float32, device="cpu")
+    expected = checks.reference_logits(reference, PROMPT)
+
+    whole = checks.chunked_logits(ours, PROMPT, [len(PROMPT)])
+    pieces = checks.chunked_logits(ours, PROMPT, [3, 5, 1, 4])
+
+    assert checks.max_difference(whole, expected) <= checks.FLOAT32_ATOL
+    assert checks.max_difference(pieces, expected) <= checks.FLOAT32_ATOL
+
+
+def test_greedy_decoding_over_the_paged_cache_continues_as_transformers_for_64_tokens(
+    float32_dir: Path, reference: torch.nn.Module
+) -> None:
+    ours = load_model(float32_dir, dtype=torch.float32, device="cpu")
+
+    tokens = checks.greedy_over_cache(ours, PROMPT, steps=64)
+
+    checks.assert_greedy_matches(tokens, len(PROMPT), checks.reference_logits(reference, tokens))
+
+
+def test_engine_logprobs_and_prompt_scores_equal_float64_log_softmax(
+    float32_dir: Path, reference: torch.nn.Module
+) -> None:
+    tokens, entries, scores = checks.engine_outputs(float32_dir, PROMPT, max_tokens=12)
+
+    expected = checks.reference_logits(reference, [*PROMPT, *tokens])
+    checks.assert_logprobs_match(PROMPT, tokens, entries, scores, expected, checks.FLOAT32_ATOL)
+
+
+def test_a_bfloat16_checkpoint_loads_under_float32_and_bfloat16(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    directory = _checkpoint(tmp_path_factory.mktemp("qwen3-bf16"), torch.bfloat16)
+    upcast = checks.reference_model(directory, torch.float32)
+    native = checks.reference_model(directory, torch.bfloat16)
+
+    as_float32 = load_model(directory, dtype=torch.float32, device="cpu")
+    as_bfloat16 = load_model(directory, dtype=torch.bfloat16, device="cpu")
+
+    assert as_bfloat16.embed_weight.dtype == torch.bfloat16
+    float32_logits = checks.chunked_logits(as_float32, PROMPT, [len(PROMPT)])
+    expected32 = checks.reference_logits(upcast, PROMPT)
+    assert checks.max_difference(float32_logits, expected32) <= checks.FLOAT32_ATOL
+    tokens, rows = checks.greedy_with_logits(as_bfloat16, PROMPT, steps=32)
+    expected16 = checks.reference_logits(native, tokens)
+    prefill = checks.chunked_logits(as_bfloat16, tokens, [len(tokens)])
+    assert checks.max_difference(prefill, expected16) <= checks.BFLOAT16_ATOL
+    # Decode rows round differently from one prefill; greedy agrees wherever the lead is wider.
+    difference = checks.max_difference(rows, expected16[len(PROMPT) - 1 : -1])
+    assert difference <= checks.BFLOAT16_ATOL
+    margin = 2 * difference
+    assert checks.assert_confident_greedy_matches(tokens, len(PROMPT), expected16, margin) >= 4
+
+
+def test_the_checkpoint_written_as_gguf_loads_to_the_same_logits(
+    float32_dir: Path, reference: torch.nn.Module, tmp_path: Path
+) -> None:
+    gguf_path = write_gguf(float32_dir, tmp_path / "tiny-qwen3.gguf", "qwen3")
+
+    exported = export_gguf(gguf_path, tmp_path / "exported", progress=False)
+    ours = load_model(exported, dtype=torch.float32, device="cpu")
+
+    assert ModelConfig.from_dir(exported).architecture == "Qwen3ForCausalLM"
+    logits = checks.chunked_logits(ours, PROMPT, [len(PROMPT)])
+    expected = checks.reference_logits(reference, PROMPT)
+    assert checks.max_difference(logits, expected) <= checks.FLOAT32_ATOL

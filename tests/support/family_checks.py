@@ -1,0 +1,178 @@
+"""The checks every dense family's tests run: our decoder and engine against transformers."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from adapters.gpu.model.decoder import DecoderModel
+from adapters.gpu.model.forward_batch import ForwardBatch, SequenceChunk
+from adapters.gpu.model.kv_cache import PagedKVCache
+from domain.contract.capabilities import LogprobCapability, scored_capacities
+from domain.emission.outputs import ChoiceDelta, PromptScores
+from domain.logprobs.rules import LogprobAsk
+from domain.requests.engine_request import EngineRequest
+from domain.requests.sampling import SamplingParams
+from tests.support.draining import drain
+from tests.support.engines import build_engine
+
+VOCAB = 320
+BLOCK_SIZE = 4
+NUM_BLOCKS = 48
+FLOAT32_ATOL = 1e-4
+# bfloat16 keeps 8 significant bits: two implementations that round in other places differ by
+# a few units of the last place of logits of magnitude ~5.
+BFLOAT16_ATOL = 0.25
+CPU = torch.device("cpu")
+
+
+def random_tokens(count: int, seed: int) -> list[int]:
+    generator = random.Random(seed)
+    return [generator.randrange(VOCAB) for _ in range(count)]
+
+
+def reference_model(directory: Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).eval()
+
+
+def reference_logits(reference: torch.nn.Module, tokens: Sequence[int]) -> torch.Tensor:
+    """transformers' logits [len, vocab] of one whole sequence, as float32."""
+    with torch.no_grad():
+        return reference(torch.tensor([list(tokens)])).logits[0].float()
+
+
+def new_cache(model: DecoderModel) -> PagedKVCache:
+    return PagedKVCache.allocate(model.config, NUM_BLOCKS, BLOCK_SIZE, model.dtype, CPU)
+
+
+def run(model: DecoderModel, chunks: Sequence[SequenceChunk], cache: PagedKVCache) -> torch.Tensor:
+    batch = ForwardBatch.build(chunks, BLOCK_SIZE, CPU)
+    return model.compute_logits(model(batch, cache))
+
+
+def blocks_for(positions: int, seed: int) -> tuple[int, ...]:
+    """Scrambled block IDs for a sequence of `positions`, so tables are not contiguous."""
+    ids = list(range(NUM_BLOCKS))
+    random.Random(seed).shuffle(ids)
+    return tuple(ids[: -(-positions // BLOCK_SIZE)])
+
+
+def chunked_logits(
+    model: DecoderModel, tokens: Sequence[int], sizes: Sequence[int]
+) -> torch.Tensor:
+    """Logits of `tokens` fed in chunks of `sizes` (then one token at a time) over one cache."""
+    blocks = blocks_for(len(tokens), seed=len(sizes))
+    cache = new_cache(model)
+    rows, start = [], 0
+    for size in [*sizes, *([1] * len(tokens))]:
+        if start >= len(tokens):
+            break
+        chunk = SequenceChunk(tuple(tokens[start : start + size]), start, blocks)
+        rows.append(run(model, [chunk], cache))
+        start += size
+    return torch.cat(rows)
+
+
+def greedy_over_cache(model: DecoderModel, prompt: Sequence[int], steps: int) -> list[int]:
+    """`prompt` then `steps` greedy tokens, decoded one token per forward over the paged cache."""
+    return greedy_with_logits(model, prompt, steps)[0]
+
+
+def greedy_with_logits(
+    model: DecoderModel, prompt: Sequence[int], steps: int
+) -> tuple[list[int], torch.Tensor]:
+    """`greedy_over_cache`'s tokens and the logits rows [steps, vocab] each token came from."""
+    tokens = list(prompt)
+    blocks = blocks_for(len(prompt) + steps, seed=steps)
+    cache = new_cache(model)
+    logits = run(model, [SequenceChunk(tuple(tokens), 0, blocks)], cache)
+    rows = []
+    for _ in range(steps):
+        rows.append(logits[-1])
+        tokens.append(int(logits[-1].argmax()))
+        logits = run(model, [SequenceChunk((tokens[-1],), len(tokens) - 1, blocks)], cache)
+    return tokens, torch.stack(rows)
+
+
+def max_difference(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return (actual.float() - expected.float()).abs().max().item()
+
+
+def assert_greedy_matches(
+    tokens: Sequence[int], prompt_length: int, expected: torch.Tensor
+) -> None:
+    """Each generated token is transformers' argmax at the position before it: greedy decoding
+    by transformers (teacher-forced on the same tokens) continues identically."""
+    chosen = torch.tensor(tokens[prompt_length:])
+    argmax = expected[prompt_length - 1 : len(tokens) - 1].argmax(dim=-1)
+    assert torch.equal(chosen, argmax), f"tokens {chosen.tolist()} != {argmax.tolist()}"
+    assert len(set(tokens[prompt_length:])) >= 3, "greedy decoding should vary"
+
+
+def assert_confident_greedy_matches(
+    tokens: Sequence[int], prompt_length: int, expected: torch.Tensor, margin: float
+) -> int:
+    """As `assert_greedy_matches` where transformers' best token leads the second by more than
+    `margin` (bfloat16 noise may swap near ties); returns how many positions were checked."""
+    checked = 0
+    for position in range(prompt_length - 1, len(tokens) - 1):
+        top2 = expected[position].topk(2).values
+        if (top2[0] - top2[1]).item() > margin:
+            assert tokens[position + 1] == int(expected[position].argmax()), position
+            checked += 1
+    return checked
+
+
+def engine_outputs(
+    model_dir: Path, prompt: Sequence[int], max_tokens: int, **engine: object
+) -> tuple[list[int], list, list]:
+    """(generated tokens, chosen-token entries, prompt scores) of one greedy request through
+    the real engine with top-5 logprobs and prompt logprobs."""
+    capability = LogprobCapability(
+        top_k=20, selects_ids=True, scored_capacities=scored_capacities(32)
+    )
+    settings: dict = {"max_model_len": 128, "capability": capability, **engine}
+    built, _, _ = build_engine(model_dir, **settings)
+    ask = LogprobAsk(wanted=True, count=5, prompt_logprobs=5)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    request = EngineRequest("r", tuple(prompt), params, logprobs=ask)
+    items = drain(built, [request])["r"]
+    tokens, entries, scores = [], [], []
+    for item in items:
+        if isinstance(item, ChoiceDelta):
+            tokens += item.token_ids
+            entries += [entry.position for entry in item.logprobs]
+        elif isinstance(item, PromptScores):
+            scores += list(item.scores)
+    return tokens, entries, scores
+
+
+def assert_logprobs_match(
+    prompt: Sequence[int],
+    tokens: Sequence[int],
+    entries: Sequence,
+    scores: Sequence,
+    expected_logits: torch.Tensor,
+    atol: float,
+) -> None:
+    """Generation logprobs (chosen and top 5) and prompt scores equal float64 log_softmax of
+    transformers' logits over prompt + generated tokens."""
+    expected = expected_logits.double().log_softmax(dim=-1)
+    assert len(entries) == len(tokens)
+    for offset, (token, position) in enumerate(zip(tokens, entries, strict=True)):
+        row = expected[len(prompt) - 1 + offset]
+        assert position.chosen.token_id == token == int(row.argmax())
+        assert abs(position.chosen.logprob - row[token].item()) <= atol
+        for token_id, logprob in zip(
+            position.alternative_ids, position.alternative_logprobs, strict=True
+        ):
+            assert abs(logprob - row[token_id].item()) <= atol
+    assert [score.token_id for score in scores] == list(prompt[1:])
+    for index, score in enumerate(scores):
+        row = expected[index]
+        assert abs(score.logprob - row[score.token_id].item()) <= atol
