@@ -45,6 +45,17 @@ FAMILIES = {
     "deepseek-v3": lambda d, dtype: build_tiny_deepseek_v3(
         d, vocab_size=VOCAB_SIZE, seed=2, dtype=dtype
     ),
+    # DeepSeek-V2-Lite's shape: no query latent; here also biases and rotate-half rope pairs.
+    "deepseek-direct-q-bias": lambda d, dtype: build_tiny_deepseek_v3(
+        d,
+        vocab_size=VOCAB_SIZE,
+        seed=4,
+        dtype=dtype,
+        q_lora_rank=None,
+        attention_bias=True,
+        rope_interleave=False,
+        norm_topk_prob=False,
+    ),
 }
 
 
