@@ -1,4 +1,4 @@
-"""The Llama-family decoder (Llama, Qwen2/3, Mistral, Phi-3, Gemma 3) over a paged KV cache."""
+"""The Llama-family decoder (Llama, Qwen2/3, Mistral, Phi-3, Gemma 3, and the MoE families)."""
 
 from __future__ import annotations
 
