@@ -3,6 +3,10 @@
 Run: `.venv/bin/python bench/engine.py [--new-tokens 64] [--batch1-prompts 4]`.
 Both sides decode greedily on the same chat prompts for a fixed number of new tokens
 (EOS ignored), float32 on the CPU, in this one process, so the ratios compare like with like.
+
+`--moe` instead reports (no target) a tiny random Qwen3-MoE (8 experts of width 32, top-2)
+against its dense equivalent (the same model with a dense MLP of width 2 x 32 = 64 in every
+layer, so both run the same MLP FLOPs per token), on random prompts.
 """
 
 from __future__ import annotations
@@ -71,11 +75,61 @@ def transformers_batch1(model, prompts: list[tuple[int, ...]], new_tokens: int) 
     return len(prompts) * new_tokens / total
 
 
+def moe_rows(new_tokens: int, batch1_prompts: int) -> None:
+    """Tiny MoE against its dense equivalent: transformers and helios at batch 1, helios 16."""
+    import random
+    import tempfile
+
+    from transformers import AutoModelForCausalLM
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.support.engines import build_engine
+    from tests.support.tiny_moe_serving import build_tiny_moe_model_dir
+
+    generator = random.Random(0)
+    prompts = [tuple(generator.randrange(3, 320) for _ in range(24)) for _ in range(16)]
+    shapes = {
+        "tiny Qwen3-MoE (8 x 32, top-2)": {"mlp_only_layers": []},
+        "dense equivalent (MLP 64)": {"mlp_only_layers": [0, 1], "intermediate_size": 64},
+    }
+    print(
+        f"# engine benchmark, MoE: hidden 64, 2 layers, {new_tokens} new tokens, float32, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads (report only, no target)"
+    )
+    print(f"| {'model':<32} | {'run':<30} | {'tokens/s':>9} |")
+    print(f"|{'-' * 34}|{'-' * 32}|{'-' * 11}|")
+    with tempfile.TemporaryDirectory() as scratch:
+        for label, overrides in shapes.items():
+            directory = build_tiny_moe_model_dir(
+                Path(scratch) / str(len(overrides)), "qwen3-moe", **overrides
+            )
+            engine, _, _ = build_engine(
+                directory, max_num_seqs=16, budget=512, max_model_len=256, kv_bytes=64 << 20
+            )
+            ours(engine, prompts[:1], 8)  # warm-up
+            reference = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+            transformers_batch1(reference.eval(), prompts[:1], 8)
+            single = prompts[:batch1_prompts]
+            rows = {
+                "transformers generate, batch 1": transformers_batch1(
+                    reference, single, new_tokens
+                ),
+                "helios, batch 1": sum(ours(engine, [p], new_tokens) for p in single) / len(single),
+                "helios, batch 16 (aggregate)": ours(engine, prompts, new_tokens),
+            }
+            for run, rate in rows.items():
+                print(f"| {label:<32} | {run:<30} | {rate:>9.1f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--batch1-prompts", type=int, default=4)
+    parser.add_argument("--moe", action="store_true", help="tiny MoE against its dense twin")
     args = parser.parse_args()
+    if args.moe:
+        moe_rows(args.new_tokens, args.batch1_prompts)
+        return
 
     loaded = bootstrap.load(
         None,

@@ -68,6 +68,12 @@ def split_model(config: ModelConfig, world_size: int, vocab_size: int) -> tuple[
         )
     if world_size > config.intermediate_size:
         raise SplitError(f"{config.intermediate_size} MLP columns cannot cover {world_size} ranks")
+    experts = config.experts
+    if experts is not None and world_size > experts.inner:
+        raise SplitError(
+            f"{experts.inner} columns per expert cannot cover {world_size} ranks "
+            "(experts split by shard: every rank holds a slice of every expert)"
+        )
     replicas = 1
     if kv_heads < world_size:
         replicas = world_size // kv_heads

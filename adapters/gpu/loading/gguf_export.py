@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from adapters.gpu.loading import gguf_tokenizer
+from adapters.gpu.loading.gguf_moe import MOE_GGUF_ARCHITECTURES, moe_config, moe_tensor_name
 
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
 _LAYER_TENSOR_NAMES = {
@@ -140,17 +141,19 @@ def _float32_value(value: float) -> float:
 
 def _model_config(reader: Any, gguf_path: Path) -> dict[str, Any]:
     architecture = _field(reader, "general.architecture")
-    if architecture not in _ARCHITECTURES:
+    if architecture not in _ARCHITECTURES and architecture not in MOE_GGUF_ARCHITECTURES:
+        supported = sorted({*_ARCHITECTURES, *MOE_GGUF_ARCHITECTURES})
         raise ValueError(
             f"{gguf_path.name}: architecture {architecture!r} is not supported "
-            f"(supported: {', '.join(sorted(_ARCHITECTURES))})"
+            f"(supported: {', '.join(supported)})"
         )
 
     def key(name: str, default: Any = _MISSING) -> Any:
         return _field(reader, f"{architecture}.{name}", default)
 
     scaling = key("rope.scaling.type", "none")
-    if scaling not in ("none", "", "linear"):
+    # DeepSeek's yarn is read by gguf_moe.moe_config.
+    if scaling not in ("none", "", "linear") and architecture != "deepseek2":
         raise ValueError(f"{gguf_path.name}: rope scaling {scaling!r} is not supported")
 
     tokens = _field(reader, "tokenizer.ggml.tokens")
@@ -160,7 +163,8 @@ def _model_config(reader: Any, gguf_path: Path) -> dict[str, Any]:
     head_dim = int(key("attention.key_length", hidden_size // heads))
     rope_theta = _float32_value(key("rope.freq_base", 10000.0))
     tensor_names = {tensor.name for tensor in reader.tensors}
-    hf_architecture, model_type = _ARCHITECTURES[architecture]
+    # A mixture-of-experts architecture starts as llama; moe_config below names its family.
+    hf_architecture, model_type = _ARCHITECTURES.get(architecture, _ARCHITECTURES["llama"])
     config: dict[str, Any] = {
         "architectures": [hf_architecture],
         "model_type": model_type,
@@ -186,7 +190,8 @@ def _model_config(reader: Any, gguf_path: Path) -> dict[str, Any]:
         linear = {"rope_type": "linear", "factor": _float32_value(key("rope.scaling.factor"))}
         config["rope_parameters"] = {**linear, "rope_theta": rope_theta}
     rotary_dims = int(key("rope.dimension_count", head_dim))
-    if rotary_dims != head_dim:
+    # DeepSeek rotates only its rope part of each head, by design (latent attention).
+    if rotary_dims != head_dim and architecture != "deepseek2":
         raise ValueError(
             f"{gguf_path.name}: partial rotary embeddings ({rotary_dims} of {head_dim} "
             "dimensions) are not supported"
@@ -199,6 +204,10 @@ def _model_config(reader: Any, gguf_path: Path) -> dict[str, Any]:
         token_id = _field(reader, f"tokenizer.ggml.{name}_token_id", None)
         if token_id is not None:
             config["pad_token_id" if name == "padding" else f"{name}_token_id"] = int(token_id)
+    try:
+        moe_config(architecture, key, tensor_names, config)
+    except ValueError as error:
+        raise ValueError(f"{gguf_path.name}: {error}") from error
     return config
 
 
@@ -314,10 +323,13 @@ def _tensor_plans(reader: Any, config: dict[str, Any], gguf_path: Path) -> list[
 def _hf_name(
     gguf_name: str, config: dict[str, Any], architecture: str = "llama"
 ) -> tuple[str | None, int | None]:
+    routed = moe_tensor_name(gguf_name, config)
+    if routed is not None:
+        return routed
     if gguf_name in _GLOBAL_TENSOR_NAMES:
         return _GLOBAL_TENSOR_NAMES[gguf_name], None
     match = _LAYER_TENSOR.fullmatch(gguf_name)
-    names = {**_LAYER_TENSOR_NAMES, **_ARCHITECTURE_LAYER_NAMES[architecture]}
+    names = {**_LAYER_TENSOR_NAMES, **_ARCHITECTURE_LAYER_NAMES.get(architecture, {})}
     if match is None or match.group(2) not in names:
         return None, None
     layer, kind = match.groups()

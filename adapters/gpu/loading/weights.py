@@ -13,6 +13,7 @@ from safetensors import safe_open
 
 from adapters.gpu.distributed.collectives import Collectives
 from adapters.gpu.distributed.split import RankSplit
+from adapters.gpu.loading.expert_weights import fill_experts, fill_latent_attention
 from adapters.gpu.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from adapters.gpu.model.decoder import DecoderLayer, DecoderModel
 
@@ -173,6 +174,18 @@ def build_model(
             )
         target.copy_(tensor)
 
+    def fetch(name: str) -> torch.Tensor:
+        return _fetch(source, name)
+
+    def has(name: str) -> bool:
+        try:
+            source(name)
+        except KeyError:
+            return False
+        return True
+
+    flavour = SUPPORTED_ARCHITECTURES[config.architecture]
+
     def fill_fused_gate_up(target: torch.Tensor, name: str) -> None:
         whole = _fetch(source, name)
         inner = config.intermediate_size
@@ -207,12 +220,18 @@ def build_model(
             if layer.q_norm is not None and layer.k_norm is not None:
                 fill_norm(layer.q_norm, attention + "q_norm.weight")
                 fill_norm(layer.k_norm, attention + "k_norm.weight")
-            fill_qkv(layer.qkv_weight, attention, "weight")
-            if layer.qkv_bias is not None:
-                fill_qkv(layer.qkv_bias, attention, "bias")
-            fill(layer.output_weight, [attention + "o_proj.weight"], "o")
-            if layer.output_bias is not None:
-                fill(layer.output_bias, [attention + "o_proj.bias"])
+            if layer.latent is not None:
+                fill_latent_attention(layer.latent, fetch, attention, split)
+            else:
+                fill_qkv(layer.qkv_weight, attention, "weight")
+                if layer.qkv_bias is not None:
+                    fill_qkv(layer.qkv_bias, attention, "bias")
+                fill(layer.output_weight, [attention + "o_proj.weight"], "o")
+                if layer.output_bias is not None:
+                    fill(layer.output_bias, [attention + "o_proj.bias"])
+            if layer.experts is not None:
+                fill_experts(layer.experts, fetch, has, prefix, flavour)
+                continue
             if fused:
                 fill_fused_gate_up(layer.gate_up_weight, mlp + "gate_up_proj.weight")
             else:

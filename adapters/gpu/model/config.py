@@ -8,6 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from adapters.gpu.model.moe_config import (
+    MOE_ARCHITECTURES,
+    ExpertsSettings,
+    LatentAttentionSettings,
+    experts_from_hf,
+    latent_attention_from_hf,
+)
+
 # Architecture name -> the flavour of Llama-family decoder it describes (its model_type).
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -16,6 +24,7 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "Phi3ForCausalLM": "phi3",
     "Gemma3ForCausalLM": "gemma3_text",
+    **MOE_ARCHITECTURES,
 }
 _MODEL_TYPE_TO_ARCHITECTURE = {flavour: name for name, flavour in SUPPORTED_ARCHITECTURES.items()}
 SUPPORTED_ROPE_TYPES = frozenset({"linear", "dynamic", "llama3", "yarn", "longrope"})
@@ -46,6 +55,10 @@ class ModelConfig:
     `final_logit_softcapping` caps logits as cap * tanh(logit / cap); `local_rope_theta` is the
     plain-RoPE base of the sliding-window layers (Gemma 3), which otherwise share the rope of
     the global ones.
+    `experts` routes the MLP of sparse layers (mixture of experts, `docs/moe.md`);
+    `latent_attention` replaces the attention with DeepSeek's latent form, whose cache holds one
+    [1, cache_width] row per token (then `num_key_value_heads` is 1 and `head_dim` the rotary
+    width).
     """
 
     architecture: str
@@ -75,6 +88,8 @@ class ModelConfig:
     attention_multiplier: float | None = None
     final_logit_softcapping: float | None = None
     local_rope_theta: float | None = None
+    experts: ExpertsSettings | None = None
+    latent_attention: LatentAttentionSettings | None = None
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -131,6 +146,17 @@ class ModelConfig:
         for window in self.sliding_windows:
             if window is not None and (not isinstance(window, int) or window <= 0):
                 raise ValueError(f"a sliding window must be a positive integer, got {window!r}")
+        if self.experts is not None and len(self.experts.sparse_layers) != self.num_hidden_layers:
+            raise ValueError("the experts settings describe another number of layers")
+        if self.latent_attention is not None and self.num_key_value_heads != 1:
+            raise ValueError("latent attention caches one shared key/value row per token")
+
+    @property
+    def cache_width(self) -> int:
+        """Elements per cached key (and value) row of one key/value head."""
+        if self.latent_attention is not None:
+            return self.latent_attention.cache_width
+        return self.head_dim
 
     @property
     def num_query_groups(self) -> int:
@@ -170,8 +196,16 @@ class ModelConfig:
             local_theta = None
         if flavour == "qwen2":
             attention_bias, output_bias = True, False
+        elif flavour == "qwen2_moe":
+            attention_bias, output_bias = bool(raw.get("qkv_bias", True)), False
         else:
             attention_bias = output_bias = bool(raw.get("attention_bias", False))
+        latent = None
+        kv_heads = raw.get("num_key_value_heads") or num_heads
+        head_dim = raw.get("head_dim") or hidden_size // num_heads
+        if flavour == "deepseek_v3":
+            latent = latent_attention_from_hf(raw, rope_scaling)
+            kv_heads, head_dim = 1, latent.rope_dim
         return cls(
             architecture=architecture,
             vocab_size=_required(raw, "vocab_size"),
@@ -179,8 +213,8 @@ class ModelConfig:
             intermediate_size=_required(raw, "intermediate_size"),
             num_hidden_layers=num_layers,
             num_attention_heads=num_heads,
-            num_key_value_heads=raw.get("num_key_value_heads") or num_heads,
-            head_dim=raw.get("head_dim") or hidden_size // num_heads,
+            num_key_value_heads=kv_heads,
+            head_dim=head_dim,
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
@@ -195,6 +229,8 @@ class ModelConfig:
             hidden_act=hidden_act,
             local_rope_theta=local_theta,
             **_family_settings(raw, flavour),
+            experts=experts_from_hf(raw, flavour, num_layers),
+            latent_attention=latent,
         )
 
 
@@ -237,7 +273,7 @@ def _token_ids(value: Any) -> tuple[int, ...]:
 
 def _family_settings(raw: Mapping[str, Any], flavour: str) -> dict[str, Any]:
     """The ModelConfig fields of the Qwen3 and Gemma 3 layer shapes."""
-    if flavour == "qwen3":
+    if flavour in ("qwen3", "qwen3_moe"):
         return {"qk_norm": True}
     if flavour != "gemma3_text":
         return {}
@@ -317,7 +353,7 @@ def _sliding_windows(
     raw: Mapping[str, Any], flavour: str, num_layers: int
 ) -> tuple[int | None, ...]:
     window = raw.get("sliding_window")
-    if flavour == "mistral":
+    if flavour in ("mistral", "mixtral"):
         return (window,) * num_layers
     if flavour == "phi3":
         # One window (or none) for every layer; llama.cpp's GGUF writes 0 for none.
@@ -333,7 +369,9 @@ def _sliding_windows(
         if len(layer_types) != num_layers:
             raise ValueError(f"layer_types has {len(layer_types)} entries for {num_layers} layers")
         return tuple(window if kind == "sliding_attention" else None for kind in layer_types)
-    if flavour in ("qwen2", "qwen3") and raw.get("use_sliding_window") and window:
+    if flavour == "qwen3_moe" and raw.get("use_sliding_window") and window:
+        return (window,) * num_layers
+    if flavour in ("qwen2", "qwen3", "qwen2_moe") and raw.get("use_sliding_window") and window:
         layer_types = raw.get("layer_types")
         if layer_types is None:
             first_sliding = raw.get("max_window_layers", num_layers)

@@ -1,4 +1,4 @@
-"""The Llama-family decoder (Llama, Qwen2/3, Mistral, Phi-3, Gemma 3) over a paged KV cache."""
+"""The Llama-family decoder (Llama, Qwen2/3, Mistral, Phi-3, Gemma 3, and the MoE families)."""
 
 from __future__ import annotations
 
@@ -14,17 +14,14 @@ from adapters.gpu.distributed.collectives import Collectives
 from adapters.gpu.distributed.split import RankSplit
 from adapters.gpu.model.attention import AttentionMasks, paged_attention
 from adapters.gpu.model.config import ModelConfig
+from adapters.gpu.model.experts import RoutedExperts
 from adapters.gpu.model.forward_batch import ForwardBatch
 from adapters.gpu.model.invariant import invariant_linear
 from adapters.gpu.model.kv_cache import PagedKVCache
+from adapters.gpu.model.latent_attention import LatentAttention
+from adapters.gpu.model.layer_ops import Linear, rms_norm
+from adapters.gpu.model.layer_ops import row_parallel as _row_parallel
 from adapters.gpu.model.rope import RotaryEmbedding, apply_rotary
-
-
-def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Root-mean-square norm computed in float32, then scaled in the model dtype (as HF)."""
-    as_float = hidden.to(torch.float32)
-    variance = as_float.pow(2).mean(-1, keepdim=True)
-    return weight * (as_float * torch.rsqrt(variance + eps)).to(hidden.dtype)
 
 
 def offset_rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -61,25 +58,6 @@ def _optional(
     return _weight(size, dtype=dtype, device=device) if present else None
 
 
-Linear = Callable[..., torch.Tensor]
-
-
-def _row_parallel(
-    rows: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    collectives: Collectives | None,
-    linear: Linear = F.linear,
-) -> torch.Tensor:
-    """`rows @ weight.T + bias` where each rank holds some input columns: the partial products
-    are summed across ranks before the (whole) bias joins once."""
-    if collectives is None:
-        return linear(rows, weight, bias)
-    partial = linear(rows, weight)
-    collectives.all_reduce(partial, "model")
-    return partial if bias is None else partial + bias
-
-
 class DecoderLayer(nn.Module):
     """Pre-norm attention and gated MLP (SiLU or GeLU-tanh) blocks with residuals; with the
     config's options, per-head q/k norms before the rotation and sandwich norms on each block's
@@ -91,6 +69,9 @@ class DecoderLayer(nn.Module):
     this rank's heads and MLP columns (column-parallel q/k/v and gate/up, row-parallel output
     and down projections joined by an all-reduce). `batch_invariant` takes the kernels of
     `adapters.gpu.model.invariant` for every matmul and the attention.
+
+    A sparse layer (`config.experts`) routes its MLP through `experts` and a latent-attention
+    model replaces q/k/v with `latent`; the weights those replace are then empty.
     """
 
     def __init__(
@@ -100,6 +81,8 @@ class DecoderLayer(nn.Module):
         device: torch.device,
         collectives: Collectives | None = None,
         batch_invariant: bool = False,
+        layer_index: int = 0,
+        split: RankSplit | None = None,
     ) -> None:
         super().__init__()
         self._collectives = collectives
@@ -116,10 +99,19 @@ class DecoderLayer(nn.Module):
         self._act = _activation(config.hidden_act)
         qkv_size = (self.num_heads + 2 * self.num_kv_heads) * head_dim
         inner = config.intermediate_size
+        self.experts = _experts(
+            config, layer_index, dtype, device, split, collectives, batch_invariant
+        )
+        self.latent = _latent(config, dtype, device, collectives, batch_invariant)
+        if self.experts is not None:
+            inner = 0
+        attention_width = 0 if self.latent is not None else self.num_heads * head_dim
+        if self.latent is not None:
+            qkv_size = 0
         self.input_norm = _weight(hidden, dtype=norm_dtype, device=device)
         self.qkv_weight = _weight(qkv_size, hidden, dtype=dtype, device=device)
         self.qkv_bias = _optional(config.attention_bias, qkv_size, dtype, device)
-        self.output_weight = _weight(hidden, self.num_heads * head_dim, dtype=dtype, device=device)
+        self.output_weight = _weight(hidden, attention_width, dtype=dtype, device=device)
         self.output_bias = _optional(config.output_bias, hidden, dtype, device)
         self.post_attention_norm = _weight(hidden, dtype=norm_dtype, device=device)
         self.q_norm = _optional(config.qk_norm, head_dim, norm_dtype, device)
@@ -146,6 +138,9 @@ class DecoderLayer(nn.Module):
         norm = self._norm
         normed = norm(hidden, self.input_norm, self.eps)
         linear = self._linear
+        if self.latent is not None:
+            attended = self.latent(normed, cos, signed_sin, batch, key_cache, masks)
+            return self._feed_forward(hidden + attended)
         qkv = linear(normed, self.qkv_weight, self.qkv_bias).view(num_rows, -1, self.head_dim)
         heads = qkv[:, :rotated_heads]
         if self.q_norm is not None and self.k_norm is not None:
@@ -169,13 +164,77 @@ class DecoderLayer(nn.Module):
         attention = _row_parallel(attended, self.output_weight, self.output_bias, reduce, linear)
         if self.attention_out_norm is not None:
             attention = norm(attention, self.attention_out_norm, self.eps)
-        hidden = hidden + attention
+        return self._feed_forward(hidden + attention)
+
+    def _feed_forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The post-attention norm and MLP (dense or routed) with its residual."""
+        norm, linear = self._norm, self._linear
         normed = norm(hidden, self.post_attention_norm, self.eps)
-        gate, up = linear(normed, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
-        mlp = _row_parallel(self._act(gate) * up, self.down_weight, self.down_bias, reduce, linear)
+        if self.experts is not None:
+            mlp = self.experts(normed)
+        else:
+            gate, up = linear(normed, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
+            mlp = _row_parallel(
+                self._act(gate) * up, self.down_weight, self.down_bias, self._collectives, linear
+            )
         if self.mlp_out_norm is not None:
             mlp = norm(mlp, self.mlp_out_norm, self.eps)
         return hidden + mlp
+
+    def gemm_weights(self) -> list[torch.Tensor]:
+        """One weight of each matmul shape the layer runs."""
+        dense = (self.qkv_weight, self.output_weight, self.gate_up_weight, self.down_weight)
+        weights: list[torch.Tensor] = [weight for weight in dense if weight.numel()]
+        for module in (self.experts, self.latent):
+            if module is not None:
+                weights += module.gemm_weights()
+        return weights
+
+
+def _experts(
+    config: ModelConfig,
+    layer_index: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    split: RankSplit | None,
+    collectives: Collectives | None,
+    batch_invariant: bool,
+) -> RoutedExperts | None:
+    settings = config.experts
+    if settings is None or not settings.sparse_layers[layer_index]:
+        return None
+    rank, world_size = (0, 1) if split is None else (split.rank, split.world_size)
+    return RoutedExperts(
+        settings,
+        config.hidden_size,
+        dtype,
+        device,
+        rank=rank,
+        world_size=world_size,
+        collectives=collectives,
+        batch_invariant=batch_invariant,
+    )
+
+
+def _latent(
+    config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    collectives: Collectives | None,
+    batch_invariant: bool,
+) -> LatentAttention | None:
+    if config.latent_attention is None:
+        return None
+    return LatentAttention(
+        config.latent_attention,
+        config.hidden_size,
+        config.num_attention_heads,
+        bias=config.attention_bias,
+        dtype=dtype,
+        device=device,
+        collectives=collectives,
+        batch_invariant=batch_invariant,
+    )
 
 
 class DecoderModel(nn.Module):
@@ -225,8 +284,10 @@ class DecoderModel(nn.Module):
         vocab, hidden = self.vocab_lanes[1] - self.vocab_lanes[0], config.hidden_size
         self.embed_weight = _weight(vocab, hidden, dtype=dtype, device=self.device)
         self.layers = nn.ModuleList(
-            DecoderLayer(self.config, dtype, self.device, self.collectives, batch_invariant)
-            for _ in range(config.num_hidden_layers)
+            DecoderLayer(
+                self.config, dtype, self.device, self.collectives, batch_invariant, index, split
+            )
+            for index in range(config.num_hidden_layers)
         )
         self._norm, norm_dtype = _norm_of(config, dtype)
         self.norm_weight = _weight(hidden, dtype=norm_dtype, device=self.device)
@@ -280,15 +341,12 @@ class DecoderModel(nn.Module):
         return self._norm(hidden, self.norm_weight, self.config.rms_norm_eps)
 
     def gemm_weights(self) -> list[torch.Tensor]:
-        """One weight of each matmul shape the model runs (a layer's four, the LM head)."""
-        layer = cast(DecoderLayer, self.layers[0])
-        return [
-            layer.qkv_weight,
-            layer.output_weight,
-            layer.gate_up_weight,
-            layer.down_weight,
-            self.lm_head_weight,
-        ]
+        """One weight of each matmul shape the model runs (every layer's, the LM head)."""
+        shapes: dict[tuple[tuple[int, ...], torch.dtype], torch.Tensor] = {}
+        for module in self.layers:
+            for weight in cast(DecoderLayer, module).gemm_weights():
+                shapes.setdefault((tuple(weight.shape), weight.dtype), weight)
+        return [*shapes.values(), self.lm_head_weight]
 
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Embedding rows; a split model looks up the IDs it owns and sums the ranks' rows

@@ -13,6 +13,9 @@ from adapters.gpu.model.config import ModelConfig
 class PagedKVCache:
     """Per-layer key and value tensors [num_blocks * block_size, num_kv_heads, head_dim].
 
+    Latent attention (DeepSeek) caches one compressed row per token and layer: `values` is
+    then the very tuple of `keys` (rows [num_blocks * block_size, 1, cache_width]).
+
     Row `block_id * block_size + offset` holds the token at `offset` within that block. The
     tensors start zeroed: attention reads padded rows under a mask, and masked garbage such as
     NaN would still poison a softmax.
@@ -50,20 +53,27 @@ class PagedKVCache:
             raise ValueError(
                 f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}"
             )
-        shape = (num_blocks * block_size, config.num_key_value_heads, config.head_dim)
+        shape = (num_blocks * block_size, config.num_key_value_heads, config.cache_width)
         layers = range(config.num_hidden_layers)
+        keys = tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in layers)
+        # A latent-attention row is its own value (its first kv_lora_rank elements).
+        shared = config.latent_attention is not None
         return cls(
-            keys=tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in layers),
-            values=tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in layers),
+            keys=keys,
+            values=keys if shared else tuple(torch.zeros_like(key) for key in keys),
             num_blocks=num_blocks,
             block_size=block_size,
         )
 
     @staticmethod
     def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-        """Bytes one block takes across all layers, keys and values together."""
+        """Bytes one block takes across all layers, keys and values together (the one
+        compressed row of latent attention)."""
         element_size = torch.empty((), dtype=dtype).element_size()
-        per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
+        tensors = 1 if config.latent_attention is not None else 2
+        per_token = (
+            tensors * config.num_hidden_layers * config.num_key_value_heads * config.cache_width
+        )
         return per_token * element_size * block_size
 
     @staticmethod
