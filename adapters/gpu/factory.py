@@ -91,6 +91,17 @@ class RunnerSettings:
         return _DTYPES[self.dtype]
 
 
+def resolve_max_model_len(settings: RunnerSettings, config: ModelConfig) -> int:
+    """`--max-model-len`, else the model's `max_position_embeddings`, which it may not exceed."""
+    max_model_len = settings.max_model_len or config.max_position_embeddings
+    if max_model_len > config.max_position_embeddings:
+        raise ValueError(
+            f"--max-model-len {max_model_len} exceeds the model's "
+            f"{config.max_position_embeddings} positions (max_position_embeddings)"
+        )
+    return max_model_len
+
+
 def padded_capacity(max_num_seqs: int) -> int:
     return -(-max_num_seqs // _CAPACITY_ALIGNMENT) * _CAPACITY_ALIGNMENT
 
@@ -163,12 +174,7 @@ def build_executor(
     )
     if invariant:
         check_row_invariance(model.gemm_weights())
-    max_model_len = settings.max_model_len or config.max_position_embeddings
-    if max_model_len > config.max_position_embeddings:
-        raise ValueError(
-            f"max_model_len {max_model_len} exceeds the model's "
-            f"{config.max_position_embeddings} positions"
-        )
+    max_model_len = resolve_max_model_len(settings, config)
     budget = settings.kv_cache_bytes
     if budget is None:
         # The flag's fixed scoring storage comes out of the default pool, so its cost shows as
