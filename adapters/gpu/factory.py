@@ -204,6 +204,7 @@ def build_executor(
         max_model_len=max_model_len,
         token_capacity=resolve_token_capacity(token_capacity or settings.token_capacity),
         logprobs=capability,
+        kv_window=kv_window(config, draft_config),
     )
     backend = settings.resolve_logprobs_backend(device)
     draft = None
@@ -220,6 +221,15 @@ def build_executor(
     return TorchExecutor(
         model, kv_cache, geometry, device, logprobs_backend=backend, draft=draft, grammars=grammars
     )
+
+
+def kv_window(*configs: ModelConfig | None) -> int | None:
+    """The widest sliding window of every layer of `configs` (a draft model reads the target's
+    block tables), or None where some layer attends to the whole sequence."""
+    windows = [window for config in configs if config for window in config.sliding_windows]
+    if not windows or any(window is None for window in windows):
+        return None
+    return max(window for window in windows if window is not None)
 
 
 def check_draft_vocabulary(draft_config: ModelConfig, vocab_size: int) -> None:

@@ -25,6 +25,9 @@ class CachePlacement:
     prefix: PrefixChain = field(default_factory=PrefixChain)
     published: int = 0
     cached_tokens: int | None = None  # prompt tokens its first admission read from the cache
+    # Leading blocks given back while running (outside every layer's window): their entries
+    # stay in `blocks`, which maps positions, but this placement no longer holds them.
+    dropped: int = 0
 
     @property
     def num_fed(self) -> int:
@@ -51,16 +54,34 @@ class CachePlacement:
         """Starts the placement on the cached blocks of its prompt's prefix (`hits`, found by
         a lookup of `queried` tokens), whose positions it never computes."""
         pool.take(hits, queried)
-        self.blocks, self.published = list(hits), len(hits)
+        self.blocks, self.published, self.dropped = list(hits), len(hits), 0
         self.num_computed = len(hits) * pool.block_size
         if self.cached_tokens is None:
             self.cached_tokens = self.num_computed
 
+    def drop_outside(self, pool: BlockPool, window: int) -> None:
+        """Gives back the leading blocks no query can see any more when every layer attends
+        only to keys at positions > p - `window` from a query at p.
+
+        Every query still to run (the chunks in flight included) sits at `num_computed` or
+        later, so positions below `num_computed - window + 1` are never read again. Their
+        entries stay in the block table, where the window's mask hides whatever a later owner
+        writes there. With the prefix cache on, only published blocks go: `publish` still
+        reads the table from `published` on, and a published block stays findable after.
+        """
+        count = min(max(0, self.num_computed - window + 1) // pool.block_size, len(self.blocks))
+        if pool.enabled:
+            count = min(count, self.published)
+        if count > self.dropped:
+            pool.free(self.blocks[self.dropped : count])
+            self.dropped = count
+
     def release(self, pool: BlockPool) -> None:
         """Gives the blocks back (a cached one stays findable until it is reused) and forgets
         what they held and what was in flight; the digests stay, as the tokens do."""
-        pool.free(self.blocks)
+        pool.free(self.blocks[self.dropped :])
         self.blocks, self.published, self.num_computed, self.in_flight = [], 0, 0, []
+        self.dropped = 0
 
     @classmethod
     def salted(cls, salt: str | None) -> CachePlacement:

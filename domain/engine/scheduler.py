@@ -28,6 +28,8 @@ class SchedulerConfig:
     # Rows one scored prefill may hold (the largest scored capacity); 0: no scoring.
     scored_token_limit: int = 0
     prefix_caching: str | None = None  # the hash algorithm of the prefix cache; None: off
+    # Every layer's attention window (ExecutorGeometry.kv_window); None: some layer is global.
+    kv_window: int | None = None
 
     def __post_init__(self) -> None:
         limits = (self.max_num_seqs, self.max_num_batched_tokens, self.block_size)
@@ -156,6 +158,8 @@ class Scheduler:
             # Of the drafts fed after the chunk, only the accepted ones left valid cache entries.
             cache.num_computed += cache.in_flight.pop(0)[0] + record.drafts_accepted
             cache.publish(self._blocks, sequence.tokens_between, sequence.num_tokens)
+            if self._config.kv_window is not None:
+                cache.drop_outside(self._blocks, self._config.kv_window)
             if sequence.speculation is not None:
                 offered, accepted = record.drafts_offered, record.drafts_accepted
                 sequence.speculation.verified(offered, accepted, record.first_position)
