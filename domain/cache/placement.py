@@ -44,11 +44,13 @@ class CachePlacement:
     ) -> None:
         """Publishes the blocks full of positions computed whose tokens are known (the first
         `known` of the stream): a placeholder's token is known once its step commits, a draft
-        once accepted, so the cache never holds a guess."""
+        once accepted, so the cache never holds a guess. Then gives back the blocks the pool's
+        sliding window has left behind (`drop_outside`)."""
         count = min(self.num_computed, known) // pool.block_size
         if pool.enabled and count > self.published:
             tokens = tokens_between(0, count * pool.block_size)
             self.published = pool.publish(self.prefix, self.blocks, tokens, self.published)
+        self.drop_outside(pool)
 
     def take(self, pool: BlockPool, hits: list[int], queried: int) -> None:
         """Starts the placement on the cached blocks of its prompt's prefix (`hits`, found by
@@ -59,17 +61,20 @@ class CachePlacement:
         if self.cached_tokens is None:
             self.cached_tokens = self.num_computed
 
-    def drop_outside(self, pool: BlockPool, window: int) -> None:
-        """Gives back the leading blocks no query can see any more when every layer attends
-        only to keys at positions > p - `window` from a query at p.
+    def drop_outside(self, pool: BlockPool) -> None:
+        """Gives back the leading blocks no query can see any more under the pool's window W
+        (every layer attends only to keys at positions > p - W from a query at p).
 
         Every query still to run (the chunks in flight included) sits at `num_computed` or
-        later, so positions below `num_computed - window + 1` are never read again. Their
+        later, so positions below `num_computed - W + 1` are never read again. Their
         entries stay in the block table, where the window's mask hides whatever a later owner
         writes there. With the prefix cache on, only published blocks go: `publish` still
         reads the table from `published` on, and a published block stays findable after.
         """
-        count = min(max(0, self.num_computed - window + 1) // pool.block_size, len(self.blocks))
+        if pool.window is None:
+            return
+        count = max(0, self.num_computed - pool.window + 1) // pool.block_size
+        count = min(count, len(self.blocks))
         if pool.enabled:
             count = min(count, self.published)
         if count > self.dropped:
