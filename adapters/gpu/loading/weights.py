@@ -284,8 +284,12 @@ def _checkpoint_files(model_dir: Path) -> tuple[list[str], dict[str, str] | None
     """The safetensors files to open, and the index's tensor -> file map when sharded."""
     index_path = model_dir / INDEX_FILE
     if index_path.is_file():
-        with index_path.open(encoding="utf-8") as handle:
-            weight_map = json.load(handle).get("weight_map")
+        try:
+            with index_path.open(encoding="utf-8") as handle:
+                index = json.load(handle)
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"{index_path} is not valid JSON: {error}") from None
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
             raise ValueError(f"{index_path} has no weight_map")
         files = sorted(set(weight_map.values()))
