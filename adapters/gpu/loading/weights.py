@@ -105,7 +105,13 @@ def check_tensors(config: ModelConfig, shape_of: Callable[[str], tuple[int, ...]
     def empty(key: str) -> torch.Tensor:
         return torch.empty(shape_of(key), dtype=torch.float32, device="meta")
 
-    build_model(config, empty, dtype=torch.float32, device="meta")
+    try:
+        build_model(config, empty, dtype=torch.float32, device="meta")
+    except RuntimeError as error:
+        # A family's loader that combines tensors before checking their shapes fails in torch.
+        raise ValueError(
+            f"the checkpoint's tensors do not fit {config.architecture}: {error}"
+        ) from None
 
 
 @dataclass
