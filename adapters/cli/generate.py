@@ -7,6 +7,7 @@ import sys
 import uuid
 
 from adapters.cli import bootstrap
+from adapters.cli.preflight import PreflightError, check_models
 from adapters.cli.runner_args import (
     add_runner_arguments,
     engine_config,
@@ -37,9 +38,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    loaded = bootstrap.load(
-        args.model, runner_settings(args), engine_config(args), parallel=parallel_launch(args)
-    )
+    runner, engine = runner_settings(args), engine_config(args)
+    try:
+        check_models(args.model, runner, engine.speculative)
+    except PreflightError as error:
+        print(f"helios generate: error: {error}", file=sys.stderr)
+        return 1
+    loaded = bootstrap.load(args.model, runner, engine, parallel=parallel_launch(args))
     try:
         return _generate(args, loaded)
     finally:

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import argparse
 
+from adapters.cli.families import help_text
 from adapters.gpu.distributed.launch import ParallelLaunch
 from adapters.gpu.factory import RunnerSettings
 from domain.cache.pool import HASH_ALGOS
 from domain.engine.engine import EngineConfig
 from domain.speculation.drafts import SpeculativeConfig, SpeculativeConfigError
 
-MODEL_HELP = "model directory, .gguf file or core (default: the embedded SmolLM2-135M)"
+MODEL_HELP = (
+    "Hugging Face model directory, .gguf file or core (default: the embedded SmolLM2-135M); "
+    f"architectures served: {help_text()}"
+)
 
 
 def add_model_argument(parser: argparse.ArgumentParser, dest: str) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 from gunicorn.app.base import BaseApplication
 
 from adapters.cli.engine_supervisor import AUTHKEY_VARIABLE, EngineProcess
+from adapters.cli.preflight import PreflightError, check_models
 from adapters.cli.runner_args import (
     add_runner_arguments,
     parallel_launch,
@@ -191,6 +192,12 @@ def run(args: argparse.Namespace) -> int:
         config.parsers  # noqa: B018 -- checks the flags together before gunicorn starts
     except ValueError as error:
         raise SystemExit(f"helios serve: {error}") from None
+    try:
+        # Before gunicorn or the engine process: a model that cannot load stops here, in one
+        # line, rather than as a worker's traceback and gunicorn's "Worker failed to boot".
+        check_models(config.model, config.runner, config.speculative)
+    except PreflightError as error:
+        raise SystemExit(f"helios serve: error: {error}") from None
     if config.api_server_count > 1:
         return _run_with_engine_process(config, args)
     os.environ[ENVIRONMENT_VARIABLE] = config.to_environment()

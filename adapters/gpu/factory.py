@@ -91,6 +91,17 @@ class RunnerSettings:
         return _DTYPES[self.dtype]
 
 
+def resolve_max_model_len(settings: RunnerSettings, config: ModelConfig) -> int:
+    """`--max-model-len`, else the model's `max_position_embeddings`, which it may not exceed."""
+    max_model_len = settings.max_model_len or config.max_position_embeddings
+    if max_model_len > config.max_position_embeddings:
+        raise ValueError(
+            f"--max-model-len {max_model_len} exceeds the model's "
+            f"{config.max_position_embeddings} positions (max_position_embeddings)"
+        )
+    return max_model_len
+
+
 def padded_capacity(max_num_seqs: int) -> int:
     return -(-max_num_seqs // _CAPACITY_ALIGNMENT) * _CAPACITY_ALIGNMENT
 
@@ -153,12 +164,7 @@ def build_executor(
             f"capacity {capacity}; export the core with a larger --max-num-seqs"
         )
     invariant = settings.batch_invariant
-    max_model_len = settings.max_model_len or config.max_position_embeddings
-    if max_model_len > config.max_position_embeddings:
-        raise ValueError(
-            f"max_model_len {max_model_len} exceeds the model's "
-            f"{config.max_position_embeddings} positions"
-        )
+    max_model_len = resolve_max_model_len(settings, config)
     model = load_model(
         model_dir,
         dtype=dtype,
@@ -199,6 +205,7 @@ def build_executor(
         max_model_len=max_model_len,
         token_capacity=resolve_token_capacity(token_capacity or settings.token_capacity),
         logprobs=capability,
+        kv_window=kv_window(config, draft_config),
     )
     backend = settings.resolve_logprobs_backend(device)
     draft = None
@@ -221,6 +228,15 @@ def build_executor(
     return TorchExecutor(
         model, kv_cache, geometry, device, logprobs_backend=backend, draft=draft, grammars=grammars
     )
+
+
+def kv_window(*configs: ModelConfig | None) -> int | None:
+    """The widest sliding window of every layer of `configs` (a draft model reads the target's
+    block tables), or None where some layer attends to the whole sequence."""
+    windows = [window for config in configs if config for window in config.sliding_windows]
+    if not windows or any(window is None for window in windows):
+        return None
+    return max(window for window in windows if window is not None)
 
 
 def check_draft_vocabulary(draft_config: ModelConfig, vocab_size: int) -> None:

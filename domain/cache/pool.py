@@ -7,6 +7,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from domain.cache.blocks import blocks_needed
 
@@ -54,6 +55,19 @@ class PrefixChain:
             self.digests.append(key.digest(algo))
 
 
+class PoolSettings(Protocol):
+    """What a pool is built from (the scheduler's config)."""
+
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def prefix_caching(self) -> str | None: ...
+    @property
+    def kv_window(self) -> int | None: ...
+
+
 class BlockPool:
     """Hands out physical KV blocks, counting the readers of each.
 
@@ -63,20 +77,39 @@ class BlockPool:
     a published one stays findable there until a new block is needed and it is the oldest, so
     the cache lives inside the pool and never grows beyond it. Without `algo` nothing is
     published and the pool is a plain allocator.
+
+    `window` is W when every layer of the model attends only to keys at positions > p - W
+    from a query at p: its streams give back blocks outside it as they advance
+    (`CachePlacement.drop_outside`); None keeps every block until the stream ends.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, algo: str | None = None) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        algo: str | None = None,
+        window: int | None = None,
+    ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
         if algo is not None and algo not in HASH_ALGOS:
             raise ValueError(f"unknown prefix-caching hash algorithm {algo!r}")
+        if window is not None and window < 1:
+            raise ValueError(f"the attention window must be positive, got {window}")
         self.num_blocks, self.block_size, self.algo = num_blocks, block_size, algo
+        self.window = window
         self._refs = [0] * num_blocks
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._cached: dict[bytes, int] = {}
         self._keys: dict[int, tuple[bytes, BlockKey]] = {}
         self.queries = 0  # prompt tokens looked up
         self.hits = 0  # of those, tokens found cached
+
+    @classmethod
+    def configured(cls, settings: PoolSettings) -> BlockPool:
+        return cls(
+            settings.num_blocks, settings.block_size, settings.prefix_caching, settings.kv_window
+        )
 
     @property
     def enabled(self) -> bool:

@@ -19,9 +19,15 @@ class ExecutorGeometry:
     max_model_len: int
     token_capacity: int
     logprobs: LogprobCapability = NO_LOGPROBS
+    # W when every layer (of the draft model too) attends only to keys at positions > p - W
+    # from a query at p; None when any layer attends to the whole sequence. With W, blocks
+    # wholly older than that are never read again and may be freed while a sequence runs.
+    kv_window: int | None = None
 
     def __post_init__(self) -> None:
         sizes = ("capacity", "block_size", "num_blocks", "vocab_size", "max_model_len")
         for name in (*sizes, "token_capacity"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
+        if self.kv_window is not None and self.kv_window < 1:
+            raise ValueError(f"kv_window must be positive or None, got {self.kv_window}")

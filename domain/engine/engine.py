@@ -80,6 +80,7 @@ class Engine:
                 max_model_len=geometry.max_model_len,
                 scored_token_limit=geometry.logprobs.scored_rows,
                 prefix_caching=config.prefix_caching,
+                kv_window=geometry.kv_window,
             )
         )
         self._requests = AdmittedRequests(

@@ -28,6 +28,7 @@ class SchedulerConfig:
     # Rows one scored prefill may hold (the largest scored capacity); 0: no scoring.
     scored_token_limit: int = 0
     prefix_caching: str | None = None  # the hash algorithm of the prefix cache; None: off
+    kv_window: int | None = None  # ExecutorGeometry.kv_window: blocks outside it are freed
 
     def __post_init__(self) -> None:
         limits = (self.max_num_seqs, self.max_num_batched_tokens, self.block_size)
@@ -50,7 +51,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self._config = config
         self._slots = SlotTable(config.max_num_seqs)
-        self._blocks = BlockPool(config.num_blocks, config.block_size, config.prefix_caching)
+        self._blocks = BlockPool.configured(config)
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
         self._by_slot: dict[int, Sequence] = {}
@@ -172,8 +173,7 @@ class Scheduler:
                 part.observe(tokens)
 
     def finish(self, sequence: Sequence) -> None:
-        """Ends a sequence wherever it is (never queued included) and frees its slot and blocks
-        at once."""
+        """Ends a sequence wherever it is (never queued included), freeing slot and blocks now."""
         if sequence.state is SequenceState.RUNNING:
             self._release(sequence)
         elif sequence.state is SequenceState.WAITING and sequence in self._waiting:
@@ -255,8 +255,7 @@ def _proposal(sequence: Sequence, chunk: int, budget: int) -> Proposal | None:
 def _work(
     sequence: Sequence, chunk: int, scored: bool, proposal: Proposal | None = None
 ) -> SlotWork:
-    """The lane of a planned chunk: the core's tokens and sampling, and what each of the
-    sequence's parts adds to it."""
+    """The lane of a planned chunk: the core's tokens and sampling, and what each part adds."""
     cache, pending = sequence.cache, sequence.cache.pending
     start, end = cache.num_fed, cache.num_fed + chunk
     if cache.slot is None:

@@ -58,8 +58,7 @@ def exported_model_dir(
 ) -> Path:
     """The cached export of `gguf_path`, exporting it first if no complete copy exists."""
     gguf_path = Path(gguf_path)
-    root = Path(cache_dir) if cache_dir is not None else cache_root()
-    target = root / f"{gguf_path.stem}-{gguf_fingerprint(gguf_path)}"
+    target = _export_target(gguf_path, cache_dir)
     # Exports appear by atomic rename, so an existing directory is a complete one.
     if target.is_dir():
         return target
@@ -70,6 +69,17 @@ def exported_model_dir(
         if target.is_dir():
             return target
         raise
+
+
+def cached_export_dir(gguf_path: Path, cache_dir: Path | None = None) -> Path | None:
+    """The complete cached export of `gguf_path`, or None where there is none yet."""
+    target = _export_target(Path(gguf_path), cache_dir)
+    return target if target.is_dir() else None
+
+
+def _export_target(gguf_path: Path, cache_dir: Path | None) -> Path:
+    root = Path(cache_dir) if cache_dir is not None else cache_root()
+    return root / f"{gguf_path.stem}-{gguf_fingerprint(gguf_path)}"
 
 
 def default_model_dir(cache_dir: Path | None = None, *, progress: bool = True) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -91,13 +92,11 @@ def export_gguf(gguf_path: Path, out_dir: Path, *, progress: bool = True) -> Pat
     `out_dir` exists (also when a concurrent export renamed its copy first) and ValueError
     for a GGUF this exporter cannot represent faithfully.
     """
-    import gguf
-
     gguf_path = Path(gguf_path)
     out_dir = Path(out_dir)
     if out_dir.exists():
         raise FileExistsError(f"export target already exists: {out_dir}")
-    reader = gguf.GGUFReader(gguf_path)
+    reader = open_gguf(gguf_path)
     config = _model_config(reader, gguf_path)
     tokenizer_json = gguf_tokenizer.tokenizer_json(reader, gguf_path)
     tokenizer_config = gguf_tokenizer.tokenizer_config(reader, config["max_position_embeddings"])
@@ -123,6 +122,82 @@ def export_gguf(gguf_path: Path, out_dir: Path, *, progress: bool = True) -> Pat
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return out_dir
+
+
+@dataclass(frozen=True)
+class GgufLayout:
+    """What a GGUF file exports to, read from its metadata and tensor infos alone: the HF
+    `config.json` it becomes and the HF name and shape of every tensor."""
+
+    config: dict[str, Any]
+    shapes: dict[str, tuple[int, ...]]
+
+
+def gguf_layout(gguf_path: Path) -> GgufLayout:
+    """The export of `gguf_path` without dequantizing anything: the same checks and renaming
+    `export_gguf` applies (architecture, tensor types, tensor names), so that a file this
+    accepts is one the export accepts. Raises ValueError naming the file."""
+    gguf_path = Path(gguf_path)
+    reader = open_gguf(gguf_path)
+    config = _model_config(reader, gguf_path)
+    plans = _tensor_plans(reader, config, gguf_path)
+    return GgufLayout(config, {plan.hf_name: plan.shape for plan in plans})
+
+
+def open_gguf(gguf_path: Path) -> Any:
+    """A `gguf.GGUFReader` of `gguf_path` whose tensors all have a type the export can turn
+    into float32; ValueError naming the file (and the tensor, for a bad type) otherwise."""
+    import gguf
+
+    try:
+        reader = _reader_class()(gguf_path)
+    except _UnknownTensorType as error:
+        raise ValueError(
+            f"{gguf_path}: tensor {error.tensor!r} has GGUF type {error.type_id}, which is not "
+            "a quantization type this gguf library knows"
+        ) from None
+    except (ValueError, OSError, IndexError, UnicodeDecodeError) as error:
+        raise ValueError(f"{gguf_path} is not a readable GGUF file: {error}") from None
+    from gguf.quants import _type_traits
+
+    readable = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, *_type_traits}
+    for tensor in reader.tensors:
+        if tensor.tensor_type not in readable:
+            raise ValueError(
+                f"{gguf_path}: tensor {tensor.name!r} has quantization type "
+                f"{tensor.tensor_type.name}, which the export cannot dequantize (supported: "
+                + ", ".join(sorted(kind.name for kind in readable))
+                + ")"
+            )
+    return reader
+
+
+class _UnknownTensorType(Exception):
+    def __init__(self, tensor: str, type_id: int) -> None:
+        super().__init__(tensor, type_id)
+        self.tensor = tensor
+        self.type_id = type_id
+
+
+@functools.cache
+def _reader_class() -> Any:
+    # gguf is imported where it is used, as elsewhere in this module.
+    import gguf
+
+    class TypeCheckingReader(gguf.GGUFReader):
+        """Names the tensor whose type id is unknown, where the stock reader only says
+        that the id is not a GGMLQuantizationType."""
+
+        def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
+            known = {int(kind) for kind in gguf.GGMLQuantizationType}
+            for field in fields:
+                name_data, raw_type = field.parts[1], field.parts[4]
+                if int(raw_type[0]) not in known:
+                    name = bytes(name_data).decode("utf-8", errors="replace")
+                    raise _UnknownTensorType(name, int(raw_type[0]))
+            super()._build_tensors(start_offs, fields)
+
+    return TypeCheckingReader
 
 
 def _field(reader: Any, key: str, default: Any = _MISSING) -> Any:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import torch
 from safetensors import safe_open
@@ -30,6 +31,30 @@ class MissingTensorError(KeyError):
         return str(self.args[0]) if self.args else "missing tensor"
 
 
+class ShapeMismatchError(ValueError):
+    """A checkpoint tensor (or the concatenation of `names`) has another shape than the model
+    expects; `where` names the file(s) when known."""
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        got: tuple[int, ...],
+        expected: tuple[int, ...],
+        where: str | None = None,
+    ) -> None:
+        self.names = tuple(names)
+        self.got = tuple(got)
+        self.expected = tuple(expected)
+        self.where = where
+        tensors = " + ".join(repr(name) for name in self.names)
+        prefix = f"{where}: " if where else ""
+        subject = "tensor" if len(self.names) == 1 else "tensors"
+        verb = "has" if len(self.names) == 1 else "give"
+        super().__init__(
+            f"{prefix}{subject} {tensors} {verb} shape {self.got}, expected {self.expected}"
+        )
+
+
 def load_model(
     model_dir: Path | str,
     *,
@@ -46,24 +71,10 @@ def load_model(
     (both as `DecoderModel` takes them)."""
     model_dir = Path(model_dir)
     config = ModelConfig.from_dir(model_dir)
-    files, owner = _checkpoint_files(model_dir)
-    with ExitStack() as stack:
-        handles = {
-            name: stack.enter_context(safe_open(model_dir / name, framework="pt")) for name in files
-        }
-        names_by_file = {name: set(handle.keys()) for name, handle in handles.items()}
-        if owner is None:
-            owner = {key: name for name, keys in names_by_file.items() for key in keys}
-
-        def source(key: str) -> torch.Tensor:
-            file_name = owner.get(key)
-            if file_name is None or key not in names_by_file.get(file_name, ()):
-                raise MissingTensorError(f"checkpoint in {model_dir} lacks tensor {key!r}")
-            return handles[file_name].get_tensor(key)
-
+    with _Checkpoint.open(model_dir) as checkpoint, checkpoint.locating_mismatches():
         return build_model(
             config,
-            source,
+            lambda key: checkpoint.handle(key).get_tensor(key),
             dtype=dtype,
             device=device,
             split=split,
@@ -71,6 +82,90 @@ def load_model(
             batch_invariant=batch_invariant,
             context_length=context_length,
         )
+
+
+def check_checkpoint(model_dir: Path | str) -> ModelConfig:
+    """Checks that `model_dir` holds every tensor `load_model` reads, in the shape it expects,
+    from `config.json` and the safetensors headers alone: no weight is read.
+
+    Raises ValueError (a bad config.json, a ShapeMismatchError), MissingTensorError or
+    FileNotFoundError, each naming the file.
+    """
+    model_dir = Path(model_dir)
+    config = ModelConfig.from_dir(model_dir)
+    with _Checkpoint.open(model_dir) as checkpoint, checkpoint.locating_mismatches():
+        check_tensors(config, lambda key: tuple(checkpoint.handle(key).get_slice(key).get_shape()))
+    return config
+
+
+def check_tensors(config: ModelConfig, shape_of: Callable[[str], tuple[int, ...]]) -> None:
+    """Raises what `build_model` would raise for a checkpoint whose tensor `name` has shape
+    `shape_of(name)` (MissingTensorError where it has none), without any weight.
+
+    It runs `build_model` itself on the meta device, so it asks for exactly the names and
+    shapes the loader asks for, whatever the family.
+    """
+
+    def empty(key: str) -> torch.Tensor:
+        return torch.empty(shape_of(key), dtype=torch.float32, device="meta")
+
+    try:
+        build_model(config, empty, dtype=torch.float32, device="meta")
+    except RuntimeError as error:
+        # A family's loader that combines tensors before checking their shapes fails in torch.
+        raise ValueError(
+            f"the checkpoint's tensors do not fit {config.architecture}: {error}"
+        ) from None
+
+
+@dataclass
+class _Checkpoint:
+    """The open safetensors files of a checkpoint directory and which file holds each tensor."""
+
+    directory: Path
+    handles: dict[str, Any]
+    owner: dict[str, str]
+    names_by_file: dict[str, set[str]]
+
+    @classmethod
+    @contextmanager
+    def open(cls, model_dir: Path) -> Iterator[_Checkpoint]:
+        files, owner = _checkpoint_files(model_dir)
+        with ExitStack() as stack:
+            handles = {}
+            for name in files:
+                try:
+                    handles[name] = stack.enter_context(safe_open(model_dir / name, framework="pt"))
+                except Exception as error:  # safetensors raises its own error type
+                    raise ValueError(
+                        f"{model_dir / name} is not a readable safetensors file: {error}"
+                    ) from None
+            names_by_file = {name: set(handle.keys()) for name, handle in handles.items()}
+            if owner is None:
+                owner = {key: name for name, keys in names_by_file.items() for key in keys}
+            yield cls(model_dir, handles, owner, names_by_file)
+
+    def handle(self, key: str) -> Any:
+        """The open file that holds `key`; MissingTensorError where none does."""
+        file_name = self.owner.get(key)
+        if file_name is None:
+            raise MissingTensorError(f"checkpoint in {self.directory} lacks tensor {key!r}")
+        if key not in self.names_by_file.get(file_name, ()):
+            raise MissingTensorError(
+                f"{self.directory / file_name} lacks tensor {key!r} (the index puts it there)"
+            )
+        return self.handles[file_name]
+
+    @contextmanager
+    def locating_mismatches(self) -> Iterator[None]:
+        """Adds the file(s) holding the tensors to a ShapeMismatchError raised inside."""
+        try:
+            yield
+        except ShapeMismatchError as error:
+            files = sorted({str(self.directory / self.owner[name]) for name in error.names})
+            raise ShapeMismatchError(
+                error.names, error.got, error.expected, where=", ".join(files)
+            ) from None
 
 
 # Which slice of a checkpoint tensor a rank keeps: (dimension, [start, stop)) or None (all).
@@ -131,48 +226,36 @@ def build_model(
 
     def fill(target: torch.Tensor, names: Iterable[str], role: str | None = None) -> None:
         cut = cuts[role] if role is not None else None
+        names = list(names)
         parts = [_cut(_fetch(source, name), cut) for name in names]
-        tensor = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
-        if tuple(tensor.shape) != tuple(target.shape):
-            raise ValueError(
-                f"tensor {' + '.join(names)} has shape {tuple(tensor.shape)}, "
-                f"expected {tuple(target.shape)}"
-            )
-        target.copy_(tensor)
+        # Concatenated parts (gate and up) share the target's rows evenly.
+        rows = [target.shape[0] // len(parts)] * len(parts)
+        target.copy_(_joined(parts, names, rows, target))
 
     def fill_norm(target: torch.Tensor, name: str) -> None:
-        tensor = _fetch(source, name)
-        if offset:
-            tensor = tensor.to(torch.float32) + offset
-        if tuple(tensor.shape) != tuple(target.shape):
-            raise ValueError(
-                f"tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
-            )
-        target.copy_(tensor)
+        tensor = _joined([_fetch(source, name)], [name], [target.shape[0]], target)
+        target.copy_(tensor.to(torch.float32) + offset if offset else tensor)
 
-    def qkv_parts(attention: str, suffix: str) -> list[torch.Tensor]:
+    def qkv_parts(attention: str, suffix: str) -> tuple[list[torch.Tensor], list[str]]:
+        """The query, key and value parts, and the checkpoint name of each."""
         if not fused:
-            return [_fetch(source, f"{attention}{p}_proj.{suffix}") for p in "qkv"]
-        whole = _fetch(source, f"{attention}qkv_proj.{suffix}")
+            names = [f"{attention}{p}_proj.{suffix}" for p in "qkv"]
+            return [_fetch(source, name) for name in names], names
+        name = f"{attention}qkv_proj.{suffix}"
+        whole = _fetch(source, name)
         query_rows = config.num_attention_heads * config.head_dim
         kv_rows = config.num_key_value_heads * config.head_dim
-        if whole.shape[0] != query_rows + 2 * kv_rows:
-            raise ValueError(
-                f"tensor {attention}qkv_proj.{suffix} has {whole.shape[0]} rows, expected "
-                f"{query_rows + 2 * kv_rows} (query, key and value heads)"
-            )
-        return list(whole.split((query_rows, kv_rows, kv_rows), dim=0))
+        rows = (query_rows, kv_rows, kv_rows)
+        if whole.shape[0] != sum(rows):
+            raise ShapeMismatchError([name], tuple(whole.shape), (sum(rows), *whole.shape[1:]))
+        return list(whole.split(rows, dim=0)), [name] * 3
 
-    def fill_qkv(target: torch.Tensor, attention: str, suffix: str) -> None:
-        query, key, value = qkv_parts(attention, suffix)
+    def fill_qkv(target: torch.Tensor, layer: DecoderLayer, attention: str, suffix: str) -> None:
+        (query, key, value), names = qkv_parts(attention, suffix)
         parts = [_cut(query, cuts["q"]), _cut(key, cuts["kv"]), _cut(value, cuts["kv"])]
-        tensor = torch.cat(parts, dim=0)
-        if tuple(tensor.shape) != tuple(target.shape):
-            raise ValueError(
-                f"tensors {attention}q/k/v_proj.{suffix} give shape {tuple(tensor.shape)}, "
-                f"expected {tuple(target.shape)}"
-            )
-        target.copy_(tensor)
+        kv_rows = layer.num_kv_heads * layer.head_dim
+        rows = [layer.num_heads * layer.head_dim, kv_rows, kv_rows]
+        target.copy_(_joined(parts, names, rows, target))
 
     def fetch(name: str) -> torch.Tensor:
         return _fetch(source, name)
@@ -190,14 +273,10 @@ def build_model(
         whole = _fetch(source, name)
         inner = config.intermediate_size
         if whole.shape[0] != 2 * inner:
-            raise ValueError(f"tensor {name} has {whole.shape[0]} rows, expected {2 * inner}")
+            raise ShapeMismatchError([name], tuple(whole.shape), (2 * inner, *whole.shape[1:]))
         gate, up = whole.split(inner, dim=0)
-        tensor = torch.cat((_cut(gate, cuts["inner"]), _cut(up, cuts["inner"])), dim=0)
-        if tuple(tensor.shape) != tuple(target.shape):
-            raise ValueError(
-                f"tensor {name} gives shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
-            )
-        target.copy_(tensor)
+        parts = [_cut(gate, cuts["inner"]), _cut(up, cuts["inner"])]
+        target.copy_(_joined(parts, [name, name], [target.shape[0] // 2] * 2, target))
 
     with torch.no_grad():
         fill(model.embed_weight, ["model.embed_tokens.weight"], "vocab")
@@ -223,9 +302,9 @@ def build_model(
             if layer.latent is not None:
                 fill_latent_attention(layer.latent, fetch, attention, split)
             else:
-                fill_qkv(layer.qkv_weight, attention, "weight")
+                fill_qkv(layer.qkv_weight, layer, attention, "weight")
                 if layer.qkv_bias is not None:
-                    fill_qkv(layer.qkv_bias, attention, "bias")
+                    fill_qkv(layer.qkv_bias, layer, attention, "bias")
                 fill(layer.output_weight, [attention + "o_proj.weight"], "o")
                 if layer.output_bias is not None:
                     fill(layer.output_bias, [attention + "o_proj.bias"])
@@ -243,6 +322,18 @@ def build_model(
             if layer.down_bias is not None:
                 fill(layer.down_bias, [mlp + "down_proj.bias"])
     return model.eval()
+
+
+def _joined(
+    parts: list[torch.Tensor], names: list[str], rows: list[int], target: torch.Tensor
+) -> torch.Tensor:
+    """`parts` concatenated along rows into `target`'s shape, after checking each part holds
+    its `rows` and the target's other dimensions (ShapeMismatchError naming the part)."""
+    for part, name, count in zip(parts, names, rows, strict=True):
+        expected = (count, *target.shape[1:])
+        if tuple(part.shape) != expected:
+            raise ShapeMismatchError([name], tuple(part.shape), expected)
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
 
 
 def _cut(tensor: torch.Tensor, cut: _Cut) -> torch.Tensor:
@@ -265,8 +356,12 @@ def _checkpoint_files(model_dir: Path) -> tuple[list[str], dict[str, str] | None
     """The safetensors files to open, and the index's tensor -> file map when sharded."""
     index_path = model_dir / INDEX_FILE
     if index_path.is_file():
-        with index_path.open(encoding="utf-8") as handle:
-            weight_map = json.load(handle).get("weight_map")
+        try:
+            with index_path.open(encoding="utf-8") as handle:
+                index = json.load(handle)
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"{index_path} is not valid JSON: {error}") from None
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
             raise ValueError(f"{index_path} has no weight_map")
         files = sorted(set(weight_map.values()))

@@ -169,11 +169,18 @@ class ModelConfig:
         config_path = Path(path) / "config.json"
         if not config_path.is_file():
             raise FileNotFoundError(f"no config.json in {Path(path)}")
-        with config_path.open(encoding="utf-8") as handle:
-            raw = json.load(handle)
+        try:
+            with config_path.open(encoding="utf-8") as handle:
+                raw = json.load(handle)
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"{config_path} is not valid JSON: {error}") from None
         if not isinstance(raw, dict):
             raise ValueError(f"{config_path} does not hold a JSON object")
-        return cls.from_hf_dict(raw)
+        try:
+            return cls.from_hf_dict(raw)
+        except (ValueError, TypeError, KeyError) as error:
+            # The message says what is wrong; the path says where.
+            raise ValueError(f"{config_path}: {error}") from None
 
     @classmethod
     def from_hf_dict(cls, raw: Mapping[str, Any]) -> ModelConfig:
