@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import MAX_MODEL_LEN, RunningServer, running_server
+from tests.support.http_json import post_url
 from tests.support.lm_eval import (
     ATOL,
     Expected,
@@ -93,6 +94,59 @@ def scoring_server(
     flags = ("--served-model-name", SERVED_NAME, "--prompt-logprobs")
     with running_server(model_dir, workdir, *flags) as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def uncached_server(
+    model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningServer]:
+    workdir = tmp_path_factory.mktemp("lm-eval-uncached-server")
+    flags = ("--served-model-name", SERVED_NAME, "--prompt-logprobs")
+    with running_server(model_dir, workdir, *flags, "--no-enable-prefix-caching") as running:
+        yield running
+
+
+# Contexts of several KV blocks, so that a cache holding them could serve whole blocks.
+LONG_CONTEXTS = (
+    "the quick brown fox gets into a slot, " * 6,
+    "every request gets its own answer from the server to the client. " * 5,
+)
+
+
+def test_loglikelihoods_under_a_warm_prefix_cache_equal_a_server_without_one_exactly(
+    scoring_server: RunningServer,
+    uncached_server: RunningServer,
+    model_dir: Path,
+    reference: Reference,
+    expected: list[Expected],
+):
+    cases = [*expected, *(Expected(c, " slot", 0.0, False) for c in LONG_CONTEXTS)]
+    # The same token IDs as ordinary completions first: the repeat reads them from the cache,
+    # so the scored requests below find every prompt's blocks there and must not use them.
+    cached = []
+    for case in cases:
+        prompt = sum(reference.split(case.context, case.continuation), [])
+        for _ in range(2):
+            body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+            usage = post_url(scoring_server.base_url, "/v1/completions", body)["usage"]
+        cached.append((usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
+    assert max(cached) > 0, cached
+
+    def scores(server: RunningServer, batch_size: int) -> list[tuple[float, bool]]:
+        model = local_completions(
+            server.base_url,
+            SERVED_NAME,
+            model_dir,
+            MAX_MODEL_LEN,
+            tokenized_requests=True,
+            batch_size=batch_size,
+        )
+        return model.loglikelihood(instances(cases), disable_tqdm=True)
+
+    # Exact equality of the floats, one prompt per request and three (which share a forward, so
+    # their values may differ from the single ones in the last bits, on both servers alike).
+    for batch_size in (1, 3):
+        assert scores(scoring_server, batch_size) == scores(uncached_server, batch_size)
 
 
 def test_the_ending_cases_make_the_server_generate_a_terminating_eos(
