@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -12,6 +13,7 @@ from adapters.gpu.distributed.split import RankSplit, split_model
 from adapters.gpu.executor import TorchExecutor
 from adapters.gpu.loading.weights import load_model
 from adapters.gpu.model.config import ModelConfig
+from adapters.gpu.model.decoder import DecoderModel
 from adapters.gpu.model.invariant import check_row_invariance
 from adapters.gpu.model.kv_cache import PagedKVCache
 from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
@@ -165,17 +167,22 @@ def build_executor(
         )
     invariant = settings.batch_invariant
     max_model_len = resolve_max_model_len(settings, config)
-    model = load_model(
-        model_dir,
-        dtype=dtype,
-        device=device,
-        split=split,
-        collectives=collectives,
-        batch_invariant=invariant,
-        context_length=max_model_len,
-    )
-    if invariant:
-        check_row_invariance(model.gemm_weights())
+
+    def loaded(directory: Path, **parts: Any) -> DecoderModel:
+        # The target and its draft alike; an invariant model proves its GEMMs on this machine.
+        found = load_model(
+            directory,
+            dtype=dtype,
+            device=device,
+            batch_invariant=invariant,
+            context_length=max_model_len,
+            **parts,
+        )
+        if invariant:
+            check_row_invariance(found.gemm_weights())
+        return found
+
+    model = loaded(model_dir, split=split, collectives=collectives)
     budget = settings.kv_cache_bytes
     if budget is None:
         # The flag's fixed scoring storage comes out of the default pool, so its cost shows as
@@ -210,15 +217,7 @@ def build_executor(
     backend = settings.resolve_logprobs_backend(device)
     draft = None
     if draft_dir is not None and draft_config is not None:
-        draft_model = load_model(
-            draft_dir,
-            dtype=dtype,
-            device=device,
-            batch_invariant=invariant,
-            context_length=max_model_len,
-        )
-        if invariant:
-            check_row_invariance(draft_model.gemm_weights())
+        draft_model = loaded(draft_dir)
         draft_cache = PagedKVCache.allocate(
             draft_config, num_blocks, settings.block_size, dtype, device
         )

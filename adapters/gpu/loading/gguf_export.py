@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 
 from adapters.gpu.loading import gguf_tokenizer
+from adapters.gpu.loading.gguf_metadata import MISSING
+from adapters.gpu.loading.gguf_metadata import field as _field
 from adapters.gpu.loading.gguf_moe import MOE_GGUF_ARCHITECTURES, moe_config, moe_tensor_name
 
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
@@ -69,7 +71,6 @@ _GLOBAL_TENSOR_NAMES = {
 }
 # Phi-3's longrope factors travel as tensors; they become config.json lists.
 _ROPE_FACTOR_TENSORS = {"rope_factors_short.weight": "short", "rope_factors_long.weight": "long"}
-_MISSING = object()
 
 
 @dataclass(frozen=True)
@@ -200,15 +201,6 @@ def _reader_class() -> Any:
     return TypeCheckingReader
 
 
-def _field(reader: Any, key: str, default: Any = _MISSING) -> Any:
-    field = reader.fields.get(key)
-    if field is None:
-        if default is _MISSING:
-            raise ValueError(f"GGUF metadata has no {key!r}")
-        return default
-    return field.contents()
-
-
 def _float32_value(value: float) -> float:
     # GGUF stores these as float32; the shortest float32 spelling turns 9.9999997e-06 into 1e-05.
     return float(str(np.float32(value)))
@@ -223,7 +215,7 @@ def _model_config(reader: Any, gguf_path: Path) -> dict[str, Any]:
             f"(supported: {', '.join(supported)})"
         )
 
-    def key(name: str, default: Any = _MISSING) -> Any:
+    def key(name: str, default: Any = MISSING) -> Any:
         return _field(reader, f"{architecture}.{name}", default)
 
     scaling = key("rope.scaling.type", "none")

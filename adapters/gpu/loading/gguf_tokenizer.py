@@ -6,6 +6,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from adapters.gpu.loading.gguf_metadata import field as _field
+
 # llama.cpp's token_type values (gguf.TokenType).
 _NORMAL = 1
 _UNKNOWN = 2
@@ -38,7 +40,6 @@ _NO_SPACE_PREFIX_ARCHITECTURES = frozenset({"gemma", "gemma2", "gemma3"})
 # llama.cpp's Phi-3 rule), except these three.
 _PHI3_UNSTRIPPED = frozenset({"<unk>", "<s>", "<|endoftext|>"})
 _SPACE_MARK = "\u2581"
-_MISSING = object()
 
 
 def tokenizer_json(reader: Any, gguf_path: Path) -> str:
@@ -85,15 +86,6 @@ def tokenizer_config(reader: Any, model_max_length: int) -> dict[str, Any]:
     if template:
         config["chat_template"] = template
     return config
-
-
-def _field(reader: Any, key: str, default: Any = _MISSING) -> Any:
-    field = reader.fields.get(key)
-    if field is None:
-        if default is _MISSING:
-            raise ValueError(f"GGUF metadata has no {key!r}")
-        return default
-    return field.contents()
 
 
 def _architecture(reader: Any) -> str:
