@@ -43,18 +43,20 @@ def load(
     observer: EngineObserver | None = None,
     parallel: ParallelLaunch | None = None,
     on_failure: Callable[[str], None] = lambda message: None,
+    progress: bool = True,
 ) -> LoadedModel:
     """Resolves the model (None means the embedded SmolLM2), loads it and builds the engine;
     `observer` receives the engine's step stats.
 
     With `runner.tensor_parallel_size` > 1 this process becomes rank 0 of a world started as
-    `parallel` says; `on_failure` hears once if the world breaks."""
+    `parallel` says; `on_failure` hears once if the world breaks. `progress` shows the GGUF
+    export's and the weight loading's bars on stderr (rank 0's only)."""
     sizes = CoreSizes(
         runner.max_num_seqs,
         runner.token_capacity,
         engine_config.max_num_batched_tokens if runner.prompt_logprobs else 0,
     )
-    core = resolve_core(model, sizes)
+    core = resolve_core(model, sizes, progress=progress)
     model_dir = core.model_dir
     tokenizer = HfTokenizer.from_dir(model_dir)
     recipe = ExecutorRecipe(
@@ -64,7 +66,8 @@ def load(
         capability=core.capability,
         capacity=core.capacity,
         token_capacity=core.token_capacity,
-        draft_dir=_draft_dir(engine_config.speculative, tokenizer),
+        draft_dir=_draft_dir(engine_config.speculative, tokenizer, progress),
+        progress=progress,
     )
     config = replace(engine_config, max_num_seqs=runner.max_num_seqs)
     name = served_name(model, served_model_name)
@@ -95,11 +98,13 @@ def _overlapped(executor: ModelExecutor, config: EngineConfig) -> ModelExecutor:
     return BackgroundExecutor(executor) if config.async_scheduling else executor
 
 
-def _draft_dir(speculative: SpeculativeConfig | None, tokenizer: HfTokenizer) -> Path | None:
+def _draft_dir(
+    speculative: SpeculativeConfig | None, tokenizer: HfTokenizer, progress: bool
+) -> Path | None:
     """The draft model's directory, after checking it tokenizes exactly as the target does."""
     if speculative is None or speculative.model is None:
         return None
-    draft_dir = resolve_model_dir(speculative.model)
+    draft_dir = resolve_model_dir(speculative.model, progress=progress)
     draft = HfTokenizer.from_dir(draft_dir)
     same = draft.vocab_size == tokenizer.vocab_size and all(
         draft.token_bytes(token_id) == tokenizer.token_bytes(token_id)

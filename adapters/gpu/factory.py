@@ -134,6 +134,7 @@ def build_executor(
     collectives: Collectives | None = None,
     local_rank: int = 0,
     grammars: LlguidanceCompiler | None = None,
+    progress: bool = False,
 ) -> TorchExecutor:
     """Loads the weights and sizes the KV pool; `vocab_size` is the tokenizer's real vocabulary.
 
@@ -144,7 +145,7 @@ def build_executor(
     With `collectives` over several ranks this builds that rank's executor: its split of the
     model, a KV pool of as many blocks as every rank (sized by the rank holding the most key/
     value heads), and a whole copy of any draft model. Every rank calls this with the same
-    arguments, in step: building runs collectives.
+    arguments, in step: building runs collectives. `progress` shows the loading bars on stderr.
     """
     device = settings.resolve_device(local_rank)
     if settings.batch_invariant and device.type != "cpu":
@@ -176,6 +177,7 @@ def build_executor(
             device=device,
             batch_invariant=invariant,
             context_length=max_model_len,
+            progress=progress,
             **parts,
         )
         if invariant:
@@ -261,6 +263,8 @@ class ExecutorRecipe:
     draft_dir: Path | None = None
     # Whether constrained lanes are served: a peer then builds its own grammar compiler.
     structured_outputs: bool = False
+    # Whether loading shows its bars on stderr; only rank 0 shows them.
+    progress: bool = False
 
     def build(
         self,
@@ -287,4 +291,5 @@ class ExecutorRecipe:
             collectives=collectives,
             local_rank=local_rank,
             grammars=grammars,
+            progress=self.progress and (collectives is None or collectives.rank == 0),
         )

@@ -1,5 +1,6 @@
 """`helios serve` and `helios generate` refuse a model they cannot load in one line, before
-gunicorn, an engine process or a tensor-parallel peer starts."""
+gunicorn, an engine process or a tensor-parallel peer starts; one they can load shows a bar
+over its weights as it loads."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from safetensors import safe_open
 
 from tests.e2e.conftest import REPO_ROOT, free_port, server_environment
 from tests.support.broken_checkpoints import (
@@ -30,13 +32,12 @@ def good_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model_dir(tmp_path_factory.mktemp("refusals") / "good")
 
 
-def _refused(workdir: Path, *args: str) -> str:
-    """Runs `helios ARGS` to its end; returns its one line of stderr after checking that it
-    failed with nothing else printed and nothing started."""
+def _helios(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Runs `helios ARGS` to its end, its cache kept in `workdir`."""
     require("e2e", "it ran the helios command")
     environment = server_environment(workdir)
     environment["HELIOS_CACHE_DIR"] = str(workdir / "cache")
-    finished = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "adapters.cli.main", *args],
         cwd=REPO_ROOT,
         env=environment,
@@ -44,6 +45,12 @@ def _refused(workdir: Path, *args: str) -> str:
         text=True,
         timeout=120,
     )
+
+
+def _refused(workdir: Path, *args: str) -> str:
+    """Runs `helios ARGS` to its end; returns its one line of stderr after checking that it
+    failed with nothing else printed and nothing started."""
+    finished = _helios(workdir, *args)
     output = finished.stdout + finished.stderr
     assert finished.returncode != 0, output
     assert "Traceback" not in output
@@ -110,3 +117,20 @@ def test_generate_refuses_a_gguf_tensor_type_no_reader_knows(tmp_path: Path) -> 
     assert line.startswith(
         f"helios generate: error: {path}: tensor 'blk.0.attn_k.weight' has GGUF type 99"
     )
+
+
+def test_generate_shows_a_loading_bar_over_the_checkpoints_tensors(
+    good_dir: Path, tmp_path: Path
+) -> None:
+    finished = _helios(
+        tmp_path,
+        *("generate", "--model", str(good_dir), "--prompt", "hi", "--max-tokens", "2"),
+        *("--device", "cpu", "--max-model-len", "64", "--kv-cache-memory", "1048576"),
+    )
+    assert finished.returncode == 0, finished.stderr
+    with safe_open(good_dir / "model.safetensors", framework="pt") as checkpoint:
+        count = len(checkpoint.keys())
+    # tqdm redraws with carriage returns; the last drawing is the finished bar.
+    last = finished.stderr.replace("\r", "\n").strip().splitlines()[-1]
+    assert last.startswith("loading safetensors weights: 100%"), finished.stderr
+    assert f" {count}/{count} " in last, finished.stderr

@@ -64,17 +64,22 @@ def load_model(
     collectives: Collectives | None = None,
     batch_invariant: bool = False,
     context_length: int | None = None,
+    progress: bool = False,
 ) -> DecoderModel:
     """Reads `config.json` and the safetensors weights (single file or sharded) of `model_dir`;
     with a `split`, only this rank's part of each tensor is kept. `batch_invariant` builds the
     model with the batch-invariant kernels, `context_length` is the longest sequence served
-    (both as `DecoderModel` takes them)."""
+    (both as `DecoderModel` takes them). `progress` shows a bar on stderr over the tensors read."""
     model_dir = Path(model_dir)
     config = ModelConfig.from_dir(model_dir)
-    with _Checkpoint.open(model_dir) as checkpoint, checkpoint.locating_mismatches():
+    with (
+        _Checkpoint.open(model_dir) as checkpoint,
+        checkpoint.locating_mismatches(),
+        _TensorProgress(len(checkpoint.owner), enabled=progress) as bar,
+    ):
         return build_model(
             config,
-            lambda key: checkpoint.handle(key).get_tensor(key),
+            bar.counting(lambda key: checkpoint.handle(key).get_tensor(key)),
             dtype=dtype,
             device=device,
             split=split,
@@ -116,6 +121,42 @@ def check_tensors(config: ModelConfig, shape_of: Callable[[str], tuple[int, ...]
         raise ValueError(
             f"the checkpoint's tensors do not fit {config.architecture}: {error}"
         ) from None
+
+
+class _TensorProgress:
+    """A tqdm bar on stderr over the distinct tensors a load reads, as the GGUF export shows
+    one over the tensors it writes; a disabled bar prints nothing."""
+
+    def __init__(self, total: int, *, enabled: bool) -> None:
+        from tqdm import tqdm
+
+        self._bar = tqdm(
+            total=total, desc="loading safetensors weights", unit="tensor", disable=not enabled
+        )
+        self._seen: set[str] = set()
+
+    def __enter__(self) -> _TensorProgress:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if exc_info[0] is None and self._bar.n < (self._bar.total or 0):
+            # Tensors the model never reads (a tied head's copy, old rotary buffers) are not
+            # loaded either; the finished bar counts what was.
+            self._bar.total = self._bar.n
+            self._bar.refresh()
+        self._bar.close()
+
+    def counting(self, source: TensorSource) -> TensorSource:
+        """`source`, advancing the bar the first time each name is read."""
+
+        def read(key: str) -> torch.Tensor:
+            tensor = source(key)
+            if key not in self._seen:
+                self._seen.add(key)
+                self._bar.update(1)
+            return tensor
+
+        return read
 
 
 @dataclass

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from adapters.gpu.loading.weights import MissingTensorError, load_model
+from adapters.gpu.loading.weights import MissingTensorError, check_checkpoint, load_model
 from adapters.gpu.model.forward_batch import ForwardBatch, SequenceChunk
 from adapters.gpu.model.kv_cache import PagedKVCache
 from tests.support.tiny_models import build_tiny_llama, build_tiny_qwen2
@@ -136,3 +136,21 @@ def test_forward_refuses_blocks_outside_the_cache_and_tokens_outside_the_vocabul
         model(outside_vocab, cache)
     with pytest.raises(ValueError, match="block size"):
         model(other_block_size, cache)
+
+
+@pytest.mark.model
+def test_a_load_draws_a_bar_over_the_tensors_only_when_asked_and_the_header_check_none(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model_dir = build_tiny_llama(tmp_path, vocab_size=VOCAB_SIZE)
+    count = len(load_file(model_dir / "model.safetensors"))
+    capsys.readouterr()  # transformers' own bar while it saved the checkpoint
+
+    load_model(model_dir, dtype=torch.float32, device=CPU)
+    check_checkpoint(model_dir)
+    assert capsys.readouterr().err == ""
+
+    load_model(model_dir, dtype=torch.float32, device=CPU, progress=True)
+    drawn = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()
+    assert drawn[-1].startswith("loading safetensors weights: 100%")
+    assert f" {count}/{count} " in drawn[-1]
