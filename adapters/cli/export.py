@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from adapters.cli.preflight import PreflightError, check_model
 from adapters.cli.runner_args import add_batch_arguments, add_model_argument
 from adapters.core.export import CoreSizes, export_core
 from adapters.core.manifest import LOGPROB_LEVELS
@@ -51,6 +52,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        # The same start-up check as serve and generate: a model that cannot load is refused
+        # in one line before a GGUF is exported or anything is written.
+        check_model(args.model)
+    except PreflightError as error:
+        print(f"helios export: error: {error}", file=sys.stderr)
+        return 2
     try:
         if args.prompt_logprobs:
             # A non-positive limit would silently mean "no scoring"; refuse it instead.

@@ -1,4 +1,4 @@
-"""Checks a model from its headers before `helios serve` or `generate` starts any process."""
+"""Checks a model from its headers before `helios serve`, `generate` or `export` does any work."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from adapters.gpu.loading.weights import (
     check_tensors,
 )
 from adapters.gpu.model.config import ModelConfig
+from adapters.tokenizer.hf import HfTokenizer
 from domain.speculation.drafts import SpeculativeConfig
 
 
@@ -32,7 +33,8 @@ def check_models(
 ) -> ModelConfig:
     """Checks the served model (and a draft model) as far as headers allow: config.json, every
     tensor's name and shape (safetensors headers, GGUF tensor infos and quantization types),
-    the tensor-parallel split and `--max-model-len`. No weight is read and nothing is exported.
+    the tokenizer files, the tensor-parallel split and `--max-model-len`. No weight is read and
+    nothing is exported.
 
     Returns the served model's config; raises PreflightError.
     """
@@ -48,23 +50,40 @@ def check_models(
     return config
 
 
+def check_model(model: str | None) -> ModelConfig:
+    """`check_models` for one model alone (what `helios export` reads): config.json, every
+    tensor's name and shape and the tokenizer files. Returns its config; raises PreflightError.
+    """
+    try:
+        return _checked_config(model)
+    except (ValueError, KeyError, OSError) as error:
+        raise PreflightError(_one_line(error)) from None
+
+
 def _checked_config(model: str | None) -> ModelConfig:
     if model is None:
         return _checked_gguf(default_gguf_path())
     path = Path(model).expanduser()
     if is_core_dir(path):
         load_core(path)
-        return check_checkpoint(path / MODEL_SUBDIR)
+        return _checked_dir(path / MODEL_SUBDIR)
     if path.is_file() and path.suffix.lower() == ".gguf":
         return _checked_gguf(path)
     # A directory with config.json comes back as it is; anything else is refused by name.
-    return check_checkpoint(resolve_model_dir(model, progress=False))
+    return _checked_dir(resolve_model_dir(model, progress=False))
+
+
+def _checked_dir(model_dir: Path) -> ModelConfig:
+    config = check_checkpoint(model_dir)
+    # The tokenizer is read whole, as loading reads it: its files are small next to the weights.
+    HfTokenizer.from_dir(model_dir)
+    return config
 
 
 def _checked_gguf(gguf_path: Path) -> ModelConfig:
     exported = cached_export_dir(gguf_path)
     if exported is not None:
-        return check_checkpoint(exported)
+        return _checked_dir(exported)
     layout = gguf_layout(gguf_path)
     try:
         config = ModelConfig.from_hf_dict(layout.config)

@@ -81,7 +81,10 @@ class HfTokenizer:
 
     @classmethod
     def from_dir(cls, model_dir: Path) -> HfTokenizer:
-        """Load `tokenizer.json` plus the optional config files from a model directory."""
+        """Load `tokenizer.json` plus the optional config files from a model directory.
+
+        Raises FileNotFoundError (no tokenizer.json) or ValueError (a file that does not parse,
+        or an unreadable one), each naming the file."""
         from tokenizers import Tokenizer
 
         model_dir = Path(model_dir)
@@ -93,8 +96,11 @@ class HfTokenizer:
         template = _pick_template(tokenizer_config.get("chat_template"))
         template_file = model_dir / "chat_template.jinja"
         if template is None and template_file.is_file():
-            template = template_file.read_text(encoding="utf-8")
-        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+            template = _read_text(template_file)
+        try:
+            tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        except Exception as error:  # the tokenizers library raises a plain Exception
+            raise ValueError(f"{tokenizer_file} is not a readable tokenizer: {error}") from None
         return cls(tokenizer, tokenizer_config, generation_config, template)
 
     @property
@@ -182,10 +188,22 @@ class HfTokenizer:
 def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
-    payload = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        payload = json.loads(_read_text(path))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from None
     if not isinstance(payload, dict):
         raise ValueError(f"{path} does not hold a JSON object")
     return payload
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path} is not UTF-8 text: {error}") from None
+    except OSError as error:
+        raise ValueError(f"{path} cannot be read: {error.strerror or error}") from None
 
 
 def _pick_template(configured: object) -> str | None:

@@ -1,6 +1,6 @@
-"""`helios serve` and `helios generate` refuse a model they cannot load in one line, before
-gunicorn, an engine process or a tensor-parallel peer starts; one they can load shows a bar
-over its weights as it loads."""
+"""`helios serve`, `generate` and `export` refuse a model they cannot load in one line, before
+gunicorn, an engine process, a tensor-parallel peer or an export starts; one they can load shows
+a bar over its weights as it loads."""
 
 from __future__ import annotations
 
@@ -117,6 +117,17 @@ def test_generate_refuses_a_gguf_tensor_type_no_reader_knows(tmp_path: Path) -> 
     assert line.startswith(
         f"helios generate: error: {path}: tensor 'blk.0.attn_k.weight' has GGUF type 99"
     )
+
+
+def test_export_refuses_a_model_without_a_tokenizer_in_one_line_and_writes_nothing(
+    good_dir: Path, tmp_path: Path
+) -> None:
+    broken = broken_copy(good_dir, tmp_path / "no-tokenizer")
+    (broken / "tokenizer.json").unlink()
+    output = tmp_path / "core"
+    line = _refused(tmp_path, "export", str(broken), "--output", str(output))
+    assert line == f"helios export: error: {broken} has no tokenizer.json"
+    assert not output.exists()
 
 
 def test_generate_shows_a_loading_bar_over_the_checkpoints_tensors(

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from adapters.cli.preflight import PreflightError, check_models
+from adapters.cli.main import main
+from adapters.cli.preflight import PreflightError, check_model, check_models
 from adapters.gpu.factory import RunnerSettings
 from adapters.gpu.loading.weights import MissingTensorError, ShapeMismatchError, load_model
 from tests.support.broken_checkpoints import (
@@ -16,7 +17,7 @@ from tests.support.broken_checkpoints import (
     edit_tensors,
     write_tiny_gguf,
 )
-from tests.support.tiny_models import build_tiny_llama
+from tests.support.tiny_serving import build_tiny_model_dir
 
 pytestmark = pytest.mark.model
 
@@ -25,7 +26,7 @@ _RUNNER = RunnerSettings(device="cpu")
 
 @pytest.fixture(scope="module")
 def good_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_llama(tmp_path_factory.mktemp("preflight") / "good")
+    return build_tiny_model_dir(tmp_path_factory.mktemp("preflight") / "good")
 
 
 def _refusal(model: Path | str, runner: RunnerSettings = _RUNNER) -> str:
@@ -121,3 +122,38 @@ def test_a_gguf_tensor_type_no_reader_knows_is_named_with_its_id(tmp_path: Path)
 def test_a_gguf_of_an_unknown_architecture_is_refused(tmp_path: Path) -> None:
     path = write_tiny_gguf(tmp_path / "fancy.gguf", architecture="fancy")
     assert "architecture 'fancy' is not supported" in _refusal(path)
+
+
+def test_a_missing_or_unreadable_tokenizer_file_is_refused_naming_it(
+    good_dir: Path, tmp_path: Path
+) -> None:
+    missing = broken_copy(good_dir, tmp_path / "missing")
+    (missing / "tokenizer.json").unlink()
+    assert _refusal(missing) == f"{missing} has no tokenizer.json"
+    garbled = broken_copy(good_dir, tmp_path / "garbled")
+    (garbled / "tokenizer.json").write_text('{"model": ', encoding="utf-8")
+    assert _refusal(garbled).startswith(f"{garbled / 'tokenizer.json'} is not a readable tokenizer")
+    config = broken_copy(good_dir, tmp_path / "config")
+    (config / "tokenizer_config.json").write_bytes(b"\xff\xfe not text")
+    assert _refusal(config).startswith(f"{config / 'tokenizer_config.json'} is not UTF-8 text")
+
+
+def test_a_gguf_whose_tokenizer_the_export_cannot_build_is_refused(tmp_path: Path) -> None:
+    path = write_tiny_gguf(tmp_path / "bert.gguf", tokenizer_model="bert")
+    assert _refusal(path) == (
+        "bert.gguf: tokenizer model 'bert' is not supported (supported: gpt2, llama)"
+    )
+
+
+def test_export_runs_the_same_check_and_writes_nothing_for_a_model_it_refuses(
+    good_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broken = broken_copy(good_dir, tmp_path / "shape")
+    edit_tensors(broken, rows_off={"model.layers.0.mlp.up_proj.weight": 1})
+    with pytest.raises(PreflightError) as caught:
+        check_model(str(broken))
+    capsys.readouterr()
+
+    assert main(["export", str(broken), "--output", str(tmp_path / "core")]) == 2
+    assert capsys.readouterr().err == f"helios export: error: {caught.value}\n"
+    assert not (tmp_path / "core").exists()

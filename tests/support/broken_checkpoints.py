@@ -49,11 +49,13 @@ def write_tiny_gguf(
     architecture: str = "llama",
     q8_1_tensor: str | None = None,
     unknown_type_tensor: str | None = None,
+    tokenizer_model: str = "gpt2",
 ) -> Path:
     """Writes a random tiny llama GGUF (float32 tensors, llama.cpp names) to `path`.
 
     `q8_1_tensor` is stored as Q8_1 instead, a quantization type gguf knows but cannot
-    dequantize; `unknown_type_tensor` gets type id 99, which no GGUF reader knows.
+    dequantize; `unknown_type_tensor` gets type id 99, which no GGUF reader knows;
+    `tokenizer_model` is written as `tokenizer.ggml.model`.
     """
     import gguf
 
@@ -66,8 +68,10 @@ def write_tiny_gguf(
     writer.add_uint32(f"{prefix}.attention.head_count", _HEADS)
     writer.add_uint32(f"{prefix}.attention.head_count_kv", _KV_HEADS)
     writer.add_float32(f"{prefix}.attention.layer_norm_rms_epsilon", 1e-5)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list([f"t{index}" for index in range(_VOCAB)])
+    writer.add_tokenizer_model(tokenizer_model)
+    # One merge, so that the byte-level tokenizer the export builds from these keys is whole.
+    writer.add_token_list(["t0", "t1", "t0t1", *(f"t{index}" for index in range(3, _VOCAB))])
+    writer.add_token_merges(["t0 t1"])
     generator = np.random.default_rng(0)
     for name, shape in _gguf_shapes().items():
         rows, columns = (shape[0], shape[1]) if len(shape) == 2 else (1, shape[0])

@@ -136,11 +136,13 @@ class GgufLayout:
 
 def gguf_layout(gguf_path: Path) -> GgufLayout:
     """The export of `gguf_path` without dequantizing anything: the same checks and renaming
-    `export_gguf` applies (architecture, tensor types, tensor names), so that a file this
-    accepts is one the export accepts. Raises ValueError naming the file."""
+    `export_gguf` applies (architecture, tensor types, tensor names, the tokenizer built from
+    the metadata), so that a file this accepts is one the export accepts. Raises ValueError
+    naming the file."""
     gguf_path = Path(gguf_path)
     reader = open_gguf(gguf_path)
     config = _model_config(reader, gguf_path)
+    gguf_tokenizer.tokenizer_json(reader, gguf_path)
     plans = _tensor_plans(reader, config, gguf_path)
     return GgufLayout(config, {plan.hf_name: plan.shape for plan in plans})
 
