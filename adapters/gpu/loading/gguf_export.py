@@ -1,4 +1,4 @@
-"""Export a GGUF file (llama, qwen3, phi3, gemma3) as a Hugging Face-style float32 directory."""
+"""Export a GGUF file (llama, qwen3, phi3, gemma3, MoE families) as a float32 HF directory."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import re
 import shutil
 import struct
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,15 @@ import numpy as np
 from adapters.gpu.loading import gguf_tokenizer
 from adapters.gpu.loading.gguf_metadata import MISSING
 from adapters.gpu.loading.gguf_metadata import field as _field
-from adapters.gpu.loading.gguf_moe import MOE_GGUF_ARCHITECTURES, moe_config, moe_tensor_name
+from adapters.gpu.loading.gguf_moe import (
+    MOE_GGUF_ARCHITECTURES,
+    join_kv_b,
+    kv_b_shape,
+    moe_config,
+    moe_tensor_name,
+    moe_tensor_shape,
+    split_kv_b_layers,
+)
 
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
 _LAYER_TENSOR_NAMES = {
@@ -71,6 +79,8 @@ _GLOBAL_TENSOR_NAMES = {
 }
 # Phi-3's longrope factors travel as tensors; they become config.json lists.
 _ROPE_FACTOR_TENSORS = {"rope_factors_short.weight": "short", "rope_factors_long.weight": "long"}
+# DeepSeek's split key/value up-projection; its halves export joined as kv_b_proj.
+_SPLIT_KV_B = re.compile(r"blk\.\d+\.attn_[kv]_b\.weight")
 
 
 @dataclass(frozen=True)
@@ -83,6 +93,9 @@ class _Plan:
     unpermute_heads: int | None
     # Subtracted from every value: Gemma's norms are stored as 1 + w.
     shift: float = 0.0
+    # Further GGUF tensors that `join` combines with the first into the HF tensor.
+    parts: tuple[str, ...] = ()
+    join: Callable[..., np.ndarray] | None = None
 
 
 def export_gguf(gguf_path: Path, out_dir: Path, *, progress: bool = True) -> Path:
@@ -371,10 +384,13 @@ def _generation_config(reader: Any) -> dict[str, Any]:
 def _tensor_plans(reader: Any, config: dict[str, Any], gguf_path: Path) -> list[_Plan]:
     architecture = _field(reader, "general.architecture")
     shift = 1.0 if architecture in _NORM_SHIFTED else 0.0
+    latent = config.get("model_type") == "deepseek_v3"
     plans = []
     for tensor in reader.tensors:
         if tensor.name in _ROPE_FACTOR_TENSORS:
             continue
+        if latent and _SPLIT_KV_B.fullmatch(tensor.name):
+            continue  # joined below, or left out beside a whole attn_kv_b
         # GGUF lists dimensions fastest-first; row-major HF shapes list them slowest-first.
         shape = tuple(int(dim) for dim in reversed(tensor.shape.tolist()))
         hf_name, heads = _hf_name(tensor.name, config, architecture)
@@ -385,7 +401,18 @@ def _tensor_plans(reader: Any, config: dict[str, Any], gguf_path: Path) -> list[
         if heads is not None and shape[0] % (2 * heads) != 0:
             raise ValueError(f"{tensor.name}: {shape[0]} rows do not split into {heads} heads")
         norm = tensor.name.endswith("norm.weight")
+        shape = moe_tensor_shape(hf_name, shape)
         plans.append(_Plan(tensor.name, hf_name, shape, heads, shift if norm else 0.0))
+    if latent:
+        names = {tensor.name for tensor in reader.tensors}
+
+        def join(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+            return join_kv_b(keys, values, config)
+
+        for hf_name, (k_b, v_b) in sorted(split_kv_b_layers(names).items()):
+            if v_b not in names:
+                raise ValueError(f"{gguf_path.name}: tensor {k_b!r} has no {v_b!r} beside it")
+            plans.append(_Plan(k_b, hf_name, kv_b_shape(config), None, parts=(v_b,), join=join))
     return plans
 
 
@@ -453,7 +480,12 @@ def _write_safetensors(path: Path, reader: Any, plans: list[_Plan], *, progress:
         sink.write(encoded)
         bar = tqdm(plans, desc="exporting GGUF weights", unit="tensor", disable=not progress)
         for plan in bar:
-            weight = _dequantize(by_name[plan.gguf_name], plan.shape)
+            if plan.join is not None:
+                tensors = [by_name[name] for name in (plan.gguf_name, *plan.parts)]
+                parts = [_dequantize(tensor, (int(tensor.n_elements),)) for tensor in tensors]
+                weight = plan.join(*parts).reshape(plan.shape)
+            else:
+                weight = _dequantize(by_name[plan.gguf_name], plan.shape)
             if plan.unpermute_heads is not None:
                 weight = unpermute_rope_rows(weight, plan.unpermute_heads)
             if plan.shift:
