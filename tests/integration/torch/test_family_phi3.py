@@ -8,11 +8,19 @@ from pathlib import Path
 import pytest
 import torch
 
+from adapters.gpu.loading.default_model import resolve_model_dir
 from adapters.gpu.loading.gguf_export import export_gguf
 from adapters.gpu.loading.weights import load_model
 from adapters.gpu.model.config import ModelConfig
+from adapters.tokenizer.hf import HfTokenizer
 from tests.support import family_checks as checks
 from tests.support.gguf_files import write_gguf
+from tests.support.gguf_vocab import (
+    PHI3_CONTROL,
+    PHI3_TEMPLATE,
+    SPM_CONTROL,
+    sentencepiece_vocabulary,
+)
 from tests.support.tiny_models import build_tiny_phi3
 from tests.support.tokenizers import build_byte_level_bpe
 
@@ -132,4 +140,34 @@ def test_the_checkpoint_written_as_gguf_loads_to_the_same_logits(
     assert ModelConfig.from_dir(exported).architecture == "Phi3ForCausalLM"
     logits = checks.chunked_logits(ours, PROMPT, [len(PROMPT)])
     expected = checks.reference_logits(reference, PROMPT)
+    assert checks.max_difference(logits, expected) <= checks.FLOAT32_ATOL
+
+
+def test_a_gguf_with_a_sentencepiece_tokenizer_loads_through_resolve_model_dir(
+    float32_dir: Path, reference: torch.nn.Module, tmp_path: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    vocabulary = sentencepiece_vocabulary(
+        checks.VOCAB, controls=SPM_CONTROL + PHI3_CONTROL, chat_template=PHI3_TEMPLATE
+    )
+    gguf_path = write_gguf(float32_dir, tmp_path / "tiny-phi3.gguf", "phi3", vocabulary)
+    # No whitespace after a control token: there llama.cpp (and we) drop it for Phi-3 where
+    # transformers' GGUF tokenizer keeps it (tests/integration/test_gguf_tokenizer.py).
+    text = "the quick  brown fox<tool>over 42 日本 🎉<|end|>next<|user|>x"
+    messages = [{"role": "user", "content": "hi there"}]
+
+    exported = resolve_model_dir(str(gguf_path), cache_dir=tmp_path / "cache", progress=False)
+    tokenizer = HfTokenizer.from_dir(exported)
+    prompt = tokenizer.encode(text)
+    ours = load_model(exported, dtype=torch.float32, device="cpu")
+
+    theirs = AutoTokenizer.from_pretrained(tmp_path, gguf_file=gguf_path.name)
+    assert prompt == theirs.encode(text)
+    assert tokenizer.apply_chat_template(messages) == theirs.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
+    assert prompt[0] == 1 and len(prompt) > ORIGINAL
+    logits = checks.chunked_logits(ours, prompt, [len(prompt)])
+    expected = checks.reference_logits(reference, prompt)
     assert checks.max_difference(logits, expected) <= checks.FLOAT32_ATOL
