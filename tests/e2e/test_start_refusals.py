@@ -130,18 +130,23 @@ def test_export_refuses_a_model_without_a_tokenizer_in_one_line_and_writes_nothi
     assert not output.exists()
 
 
-def test_generate_shows_a_loading_bar_over_the_checkpoints_tensors(
+@pytest.mark.slow
+def test_tensor_parallel_generate_shows_one_loading_bar_over_the_checkpoints_tensors(
     good_dir: Path, tmp_path: Path
 ) -> None:
     finished = _helios(
         tmp_path,
         *("generate", "--model", str(good_dir), "--prompt", "hi", "--max-tokens", "2"),
         *("--device", "cpu", "--max-model-len", "64", "--kv-cache-memory", "1048576"),
+        *("--tensor-parallel-size", "2"),
     )
     assert finished.returncode == 0, finished.stderr
     with safe_open(good_dir / "model.safetensors", framework="pt") as checkpoint:
         count = len(checkpoint.keys())
     # tqdm redraws with carriage returns; the last drawing is the finished bar.
-    last = finished.stderr.replace("\r", "\n").strip().splitlines()[-1]
-    assert last.startswith("loading safetensors weights: 100%"), finished.stderr
-    assert f" {count}/{count} " in last, finished.stderr
+    drawn = finished.stderr.replace("\r", "\n").strip().splitlines()
+    finished_bars = [line for line in drawn if line.startswith("loading safetensors weights: 100%")]
+    # Rank 0 draws it; its peer loads its half of every tensor without a bar.
+    assert len(finished_bars) == 1, finished.stderr
+    assert drawn[-1] == finished_bars[0]
+    assert f" {count}/{count} " in drawn[-1], finished.stderr
