@@ -301,7 +301,7 @@ def test_loading_asks_for_scoring_at_the_engine_chunk_limit_only_under_the_flag(
 ) -> None:
     seen: list[CoreSizes] = []
 
-    def resolve(model: str | None, sizes: CoreSizes) -> None:
+    def resolve(model: str | None, sizes: CoreSizes, progress: bool = True) -> None:
         seen.append(sizes)
         raise _Resolved
 
