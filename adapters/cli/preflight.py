@@ -20,7 +20,7 @@ from adapters.gpu.loading.weights import (
     check_tensors,
 )
 from adapters.gpu.model.config import ModelConfig
-from adapters.tokenizer.hf import HfTokenizer
+from adapters.tokenizer.hf import read_tokenizer_files
 from domain.speculation.drafts import SpeculativeConfig
 
 
@@ -75,8 +75,7 @@ def _checked_config(model: str | None) -> ModelConfig:
 
 def _checked_dir(model_dir: Path) -> ModelConfig:
     config = check_checkpoint(model_dir)
-    # The tokenizer is read whole, as loading reads it: its files are small next to the weights.
-    HfTokenizer.from_dir(model_dir)
+    read_tokenizer_files(model_dir)
     return config
 
 

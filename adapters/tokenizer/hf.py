@@ -83,25 +83,8 @@ class HfTokenizer:
     def from_dir(cls, model_dir: Path) -> HfTokenizer:
         """Load `tokenizer.json` plus the optional config files from a model directory.
 
-        Raises FileNotFoundError (no tokenizer.json) or ValueError (a file that does not parse,
-        or an unreadable one), each naming the file."""
-        from tokenizers import Tokenizer
-
-        model_dir = Path(model_dir)
-        tokenizer_file = model_dir / "tokenizer.json"
-        if not tokenizer_file.is_file():
-            raise FileNotFoundError(f"{model_dir} has no tokenizer.json")
-        tokenizer_config = _read_json(model_dir / "tokenizer_config.json")
-        generation_config = _read_json(model_dir / "generation_config.json")
-        template = _pick_template(tokenizer_config.get("chat_template"))
-        template_file = model_dir / "chat_template.jinja"
-        if template is None and template_file.is_file():
-            template = _read_text(template_file)
-        try:
-            tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        except Exception as error:  # the tokenizers library raises a plain Exception
-            raise ValueError(f"{tokenizer_file} is not a readable tokenizer: {error}") from None
-        return cls(tokenizer, tokenizer_config, generation_config, template)
+        Raises what `read_tokenizer_files` raises."""
+        return cls(*read_tokenizer_files(model_dir))
 
     @property
     def vocab_size(self) -> int:
@@ -183,6 +166,32 @@ class HfTokenizer:
         elif isinstance(configured, list):
             eos_ids.extend(token_id for token_id in configured if isinstance(token_id, int))
         return eos_ids
+
+
+def read_tokenizer_files(model_dir: Path) -> tuple[Any, dict[str, Any], dict[str, Any], str | None]:
+    """The parsed tokenizer files of a model directory: the `tokenizers` Tokenizer, the
+    tokenizer and generation configs (empty where absent) and the chat template (None where
+    there is none). A start-up check reads them alone: they are most of a load's cost.
+
+    Raises FileNotFoundError (no tokenizer.json) or ValueError (a file that does not parse, or
+    an unreadable one), each naming the file."""
+    from tokenizers import Tokenizer
+
+    model_dir = Path(model_dir)
+    tokenizer_file = model_dir / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        raise FileNotFoundError(f"{model_dir} has no tokenizer.json")
+    tokenizer_config = _read_json(model_dir / "tokenizer_config.json")
+    generation_config = _read_json(model_dir / "generation_config.json")
+    template = _pick_template(tokenizer_config.get("chat_template"))
+    template_file = model_dir / "chat_template.jinja"
+    if template is None and template_file.is_file():
+        template = _read_text(template_file)
+    try:
+        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    except Exception as error:  # the tokenizers library raises a plain Exception
+        raise ValueError(f"{tokenizer_file} is not a readable tokenizer: {error}") from None
+    return tokenizer, tokenizer_config, generation_config, template
 
 
 def _read_json(path: Path) -> dict[str, Any]:
