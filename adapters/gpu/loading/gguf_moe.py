@@ -88,17 +88,25 @@ def moe_config(
         return
     layers = config["num_hidden_layers"]
     routed = [f"blk.{i}.ffn_gate_inp.weight" in tensor_names for i in range(layers)]
+    # What every routed family below reads alike: the experts a token uses and their width.
+    experts = {
+        "num_experts_per_tok": int(key("expert_used_count")),
+        "moe_intermediate_size": int(key("expert_feed_forward_length")),
+    }
+    # The Qwen families route every layer that has a router (decoder_sparse_step 1).
+    qwen_layers = {
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [i for i in range(layers) if not routed[i]],
+    }
     if architecture == "qwen2moe":
         shared = int(key("expert_shared_feed_forward_length", 0))
         config.update(
             architectures=["Qwen2MoeForCausalLM"],
             model_type="qwen2_moe",
             num_experts=count,
-            num_experts_per_tok=int(key("expert_used_count")),
-            moe_intermediate_size=int(key("expert_feed_forward_length")),
+            **experts,
+            **qwen_layers,
             shared_expert_intermediate_size=shared,
-            decoder_sparse_step=1,
-            mlp_only_layers=[i for i in range(layers) if not routed[i]],
             # llama.cpp's qwen2moe graph keeps the softmax weights of the chosen experts as
             # they are, as Qwen2-MoE's configs ask; a converter may still say otherwise.
             norm_topk_prob=bool(key("expert_weights_norm", False)),
@@ -111,10 +119,8 @@ def moe_config(
             architectures=["Qwen3MoeForCausalLM"],
             model_type="qwen3_moe",
             num_experts=count,
-            num_experts_per_tok=int(key("expert_used_count")),
-            moe_intermediate_size=int(key("expert_feed_forward_length")),
-            decoder_sparse_step=1,
-            mlp_only_layers=[i for i in range(layers) if not routed[i]],
+            **experts,
+            **qwen_layers,
             norm_topk_prob=bool(key("expert_weights_norm", True)),
         )
         return
@@ -132,8 +138,7 @@ def moe_config(
         architectures=["DeepseekV3ForCausalLM"],
         model_type="deepseek_v3",
         n_routed_experts=count,
-        num_experts_per_tok=int(key("expert_used_count")),
-        moe_intermediate_size=int(key("expert_feed_forward_length")),
+        **experts,
         n_shared_experts=int(key("expert_shared_count", 0)),
         first_k_dense_replace=int(key("leading_dense_block_count", first_routed)),
         routed_scaling_factor=float(key("expert_weights_scale", 1.0)),
