@@ -29,23 +29,13 @@ from adapters.gpu.loading.gguf_moe import (
     moe_tensor_shape,
     split_kv_b_layers,
 )
+from adapters.gpu.loading.gguf_names import LAYER_NAMES, QK_NORMS
 
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
-_LAYER_TENSOR_NAMES = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
 # Per architecture, the layer tensors whose llama.cpp names mean something else than above.
 _ARCHITECTURE_LAYER_NAMES: dict[str, dict[str, str]] = {
     "llama": {},
-    "qwen3": {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
+    "qwen3": QK_NORMS,
     # Phi-3 keeps its fused projections; llama.cpp stores gate_up_proj as ffn_up.
     "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
     "gemma3": {
@@ -425,7 +415,7 @@ def _hf_name(
     if gguf_name in _GLOBAL_TENSOR_NAMES:
         return _GLOBAL_TENSOR_NAMES[gguf_name], None
     match = _LAYER_TENSOR.fullmatch(gguf_name)
-    names = {**_LAYER_TENSOR_NAMES, **_ARCHITECTURE_LAYER_NAMES.get(architecture, {})}
+    names = {**LAYER_NAMES, **_ARCHITECTURE_LAYER_NAMES.get(architecture, {})}
     if match is None or match.group(2) not in names:
         return None, None
     layer, kind = match.groups()

@@ -16,38 +16,21 @@ from typing import Any
 
 import numpy as np
 
+from adapters.gpu.loading.gguf_names import LAYER_NAMES, QK_NORMS
+
 MOE_GGUF_ARCHITECTURES = frozenset({"qwen2moe", "qwen3moe", "deepseek2"})
 # llama.cpp's expert_gating_func values.
 _GATING_SOFTMAX, _GATING_SIGMOID = 1, 2
 _LAYER = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
-# Tensors every one of these architectures names alike (no Q/K row permutation undone).
-_PLAIN = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_QWEN3_MOE = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-}
+_QWEN3_MOE = QK_NORMS
 _QWEN2_MOE = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
     "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
     "ffn_up_shexp": "mlp.shared_expert.up_proj",
     "ffn_down_shexp": "mlp.shared_expert.down_proj",
     "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
 _DEEPSEEK = {
-    "attn_q": "self_attn.q_proj",
     "attn_q_a": "self_attn.q_a_proj",
     "attn_q_a_norm": "self_attn.q_a_layernorm",
     "attn_q_b": "self_attn.q_b_proj",
@@ -192,7 +175,8 @@ def moe_tensor_name(gguf_name: str, config: dict[str, Any]) -> tuple[str, None] 
     if model_type == "deepseek_v3" and kind in _BARE:
         return prefix + _BARE[kind], None
     families = {"qwen2_moe": _QWEN2_MOE, "qwen3_moe": _QWEN3_MOE, "deepseek_v3": _DEEPSEEK}
-    table = {**_PLAIN, **families[model_type]}
+    # Tensors named as in a llama layer are plain (no Q/K row permutation undone).
+    table = {**LAYER_NAMES, **families[model_type]}
     if kind not in table:
         return None
     return f"{prefix}{table[kind]}.{suffix}", None
