@@ -99,9 +99,8 @@ class DecoderLayer(nn.Module):
         self._act = _activation(config.hidden_act)
         qkv_size = (self.num_heads + 2 * self.num_kv_heads) * head_dim
         inner = config.intermediate_size
-        self.experts = _experts(
-            config, layer_index, dtype, device, split, collectives, batch_invariant
-        )
+        linear = self._linear
+        self.experts = _experts(config, layer_index, dtype, device, split, collectives, linear)
         self.latent = _latent(config, dtype, device, collectives, batch_invariant)
         if self.experts is not None:
             inner = 0
@@ -198,7 +197,7 @@ def _experts(
     device: torch.device,
     split: RankSplit | None,
     collectives: Collectives | None,
-    batch_invariant: bool,
+    linear: Linear,
 ) -> RoutedExperts | None:
     settings = config.experts
     if settings is None or not settings.sparse_layers[layer_index]:
@@ -212,7 +211,7 @@ def _experts(
         rank=rank,
         world_size=world_size,
         collectives=collectives,
-        batch_invariant=batch_invariant,
+        linear=linear,
     )
 
 

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from adapters.gpu.distributed.collectives import Collectives
-from adapters.gpu.model.invariant import invariant_linear
+from adapters.gpu.model.layer_ops import Linear
 from adapters.gpu.model.moe_config import ExpertsSettings
 
 
@@ -46,12 +46,12 @@ class RoutedExperts(nn.Module):
         rank: int = 0,
         world_size: int = 1,
         collectives: Collectives | None = None,
-        batch_invariant: bool = False,
+        linear: Linear = F.linear,
     ) -> None:
         super().__init__()
         self.settings = settings
         self._collectives = collectives
-        self._linear = invariant_linear if batch_invariant else F.linear
+        self._linear = linear  # the layer's matmul kernel (batch-invariant or plain)
         count = settings.num_experts
         start, stop = split_columns(settings.inner, world_size, rank)
         inner = stop - start
