@@ -9,6 +9,11 @@ import torch
 
 # Wide enough that logits differ clearly between tokens, so greedy decoding varies.
 DEFAULT_INIT_STD = 0.15
+# A decisive checkpoint's embeddings are this much wider than DEFAULT_INIT_STD, so each token's
+# own embedding outweighs what attention and the MLPs add to the residual stream.
+DECISIVE_EMBED_GAIN = 20.0
+# ... and its top logit is about this large before any soft-capping.
+DECISIVE_TOP_LOGIT = 8.0
 _SHAPE = {
     "hidden_size": 64,
     "intermediate_size": 128,
@@ -90,6 +95,7 @@ def build_tiny_qwen3(
     seed: int = 0,
     init_std: float = DEFAULT_INIT_STD,
     dtype: torch.dtype = torch.float32,
+    decisive: bool = False,
     **overrides: Any,
 ) -> Path:
     """Writes a random `Qwen3ForCausalLM` (per-head q/k norms; head_dim 32, not hidden/heads)."""
@@ -98,7 +104,7 @@ def build_tiny_qwen3(
     settings = {**_SHAPE, "head_dim": 32, "max_position_embeddings": 512}
     settings.update(bos_token_id=1, eos_token_id=2, **overrides)
     config = Qwen3Config(vocab_size=vocab_size, **settings)
-    return _save(Qwen3ForCausalLM, config, directory, seed, init_std, None, dtype)
+    return _save(Qwen3ForCausalLM, config, directory, seed, init_std, None, dtype, decisive)
 
 
 def build_tiny_phi3(
@@ -108,6 +114,7 @@ def build_tiny_phi3(
     seed: int = 0,
     init_std: float = DEFAULT_INIT_STD,
     dtype: torch.dtype = torch.float32,
+    decisive: bool = False,
     original_positions: int = 16,
     **overrides: Any,
 ) -> Path:
@@ -131,7 +138,7 @@ def build_tiny_phi3(
         **overrides,
     )
     config = Phi3Config(vocab_size=vocab_size, **settings)
-    return _save(Phi3ForCausalLM, config, directory, seed, init_std, None, dtype)
+    return _save(Phi3ForCausalLM, config, directory, seed, init_std, None, dtype, decisive)
 
 
 def build_tiny_gemma3(
@@ -141,6 +148,7 @@ def build_tiny_gemma3(
     seed: int = 0,
     init_std: float = DEFAULT_INIT_STD,
     dtype: torch.dtype = torch.float32,
+    decisive: bool = False,
     **overrides: Any,
 ) -> Path:
     """Writes a random `Gemma3ForCausalLM`: six layers (five sliding-window layers of window 8
@@ -161,7 +169,7 @@ def build_tiny_gemma3(
     }
     settings.update(overrides)
     config = Gemma3TextConfig(vocab_size=vocab_size, **settings)
-    return _save(Gemma3ForCausalLM, config, directory, seed, init_std, None, dtype)
+    return _save(Gemma3ForCausalLM, config, directory, seed, init_std, None, dtype, decisive)
 
 
 def _save(
@@ -172,6 +180,7 @@ def _save(
     init_std: float,
     max_shard_size: str | None,
     dtype: torch.dtype = torch.float32,
+    decisive: bool = False,
 ) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -190,6 +199,27 @@ def _save(
                     parameter.copy_(0.1 * noise)
                 else:
                     parameter.copy_(init_std * noise)
+            if decisive:
+                make_decisive(model, generator)
     extra = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
     model.to(dtype).save_pretrained(directory, **extra)
     return directory
+
+
+def make_decisive(model: Any, generator: torch.Generator) -> None:
+    """Reshapes a random model's embeddings and LM head so each next token leads the runner-up
+    by units, as a trained model's usually does, instead of the near-ties of random weights that
+    bfloat16 rounding flips: embeddings wide enough to dominate the residual stream, and the
+    head row of token `order[t]` along token t's embedding, `order` a random permutation so
+    greedy decoding walks through many tokens. The layers still add their (smaller) share."""
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    if head.data_ptr() == embed.data_ptr():
+        raise ValueError(
+            "a decisive checkpoint needs untied embeddings (tie_word_embeddings=False)"
+        )
+    embed.mul_(DECISIVE_EMBED_GAIN)
+    order = torch.randperm(embed.shape[0], generator=generator)
+    # A unit direction meets the final norm's output (length ~ sqrt(hidden)) in the top logit.
+    unit = embed / embed.norm(dim=-1, keepdim=True)
+    head[order] = DECISIVE_TOP_LOGIT / embed.shape[1] ** 0.5 * unit

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from tests.support.tiny_models import DEFAULT_INIT_STD
+from tests.support.tiny_models import DEFAULT_INIT_STD, make_decisive
 
 _SHAPE = {
     "hidden_size": 64,
@@ -37,6 +37,7 @@ def build_tiny_qwen3_moe(
     vocab_size: int = 384,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
+    decisive: bool = False,
     **overrides: Any,
 ) -> Path:
     """A random `Qwen3MoeForCausalLM`: 8 experts, top-2 with renormalised weights, per-head
@@ -54,7 +55,7 @@ def build_tiny_qwen3_moe(
         **overrides,
     }
     config = Qwen3MoeConfig(vocab_size=vocab_size, **settings)
-    return _save(Qwen3MoeForCausalLM, config, directory, seed, dtype)
+    return _save(Qwen3MoeForCausalLM, config, directory, seed, dtype, decisive)
 
 
 def build_tiny_qwen2_moe(
@@ -63,6 +64,7 @@ def build_tiny_qwen2_moe(
     vocab_size: int = 384,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
+    decisive: bool = False,
     **overrides: Any,
 ) -> Path:
     """A random `Qwen2MoeForCausalLM`: q/k/v biases, 8 experts top-2 (weights not
@@ -79,7 +81,7 @@ def build_tiny_qwen2_moe(
         **overrides,
     }
     config = Qwen2MoeConfig(vocab_size=vocab_size, **settings)
-    return _save(Qwen2MoeForCausalLM, config, directory, seed, dtype)
+    return _save(Qwen2MoeForCausalLM, config, directory, seed, dtype, decisive)
 
 
 def build_tiny_mixtral(
@@ -89,6 +91,7 @@ def build_tiny_mixtral(
     seed: int = 0,
     sliding_window: int | None = None,
     dtype: torch.dtype = torch.float32,
+    decisive: bool = False,
     **overrides: Any,
 ) -> Path:
     """A random `MixtralForCausalLM`: 4 experts of width 96, top-2, optional sliding window."""
@@ -103,7 +106,7 @@ def build_tiny_mixtral(
         **overrides,
     }
     config = MixtralConfig(vocab_size=vocab_size, **settings)
-    return _save(MixtralForCausalLM, config, directory, seed, dtype)
+    return _save(MixtralForCausalLM, config, directory, seed, dtype, decisive)
 
 
 def build_tiny_deepseek_v3(
@@ -112,6 +115,7 @@ def build_tiny_deepseek_v3(
     vocab_size: int = 384,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
+    decisive: bool = False,
     **overrides: Any,
 ) -> Path:
     """A random `DeepseekV3ForCausalLM`: latent attention (q rank 32, kv rank 16, rotary 8,
@@ -140,11 +144,16 @@ def build_tiny_deepseek_v3(
         **overrides,
     }
     config = DeepseekV3Config(vocab_size=vocab_size, **settings)
-    return _save(DeepseekV3ForCausalLM, config, directory, seed, dtype)
+    return _save(DeepseekV3ForCausalLM, config, directory, seed, dtype, decisive)
 
 
 def _save(
-    model_class: Any, config: Any, directory: Path | str, seed: int, dtype: torch.dtype
+    model_class: Any,
+    config: Any,
+    directory: Path | str,
+    seed: int,
+    dtype: torch.dtype,
+    decisive: bool,
 ) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -163,5 +172,7 @@ def _save(
                     tensor.copy_(0.1 * noise)
                 else:
                     tensor.copy_(DEFAULT_INIT_STD * noise)
+            if decisive:
+                make_decisive(model, generator)
     model.to(dtype).save_pretrained(directory)
     return directory
