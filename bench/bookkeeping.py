@@ -8,8 +8,9 @@ each, with the production classes and the real SmolLM2 tokenizer (the embedded d
   bench wrote in the packed layout beforehand (valid token IDs, FP32 values, as a reduction
   would leave them; writing them is the device's work and is not timed);
 - emission: each lane's `ChoiceEmission.advance` over its record and decoded positions;
-- present+JSON: each lane's completions (or chat) logprobs object, its stream chunk, and the
-  `data:` frame serialized by the JSON handler the HTTP app uses for SSE.
+- present+JSON: each lane's completions (or chat) logprobs object as the HTTP app builds it
+  (chat's written as JSON text from token templates, `adapters/http/logprob_json`), its stream
+  chunk, and the `data:` frame serialized as the app serializes SSE.
 It runs logprobs off, K=0 and K=20 in the same process and prints per-step milliseconds (median
 of the steps) and each mode's ratio to logprobs off. `--profile` adds the top cProfile costs of
 the K=20 steps at the largest lane count.
@@ -37,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from adapters.gpu.loading.default_model import default_gguf_path, exported_model_dir  # noqa: E402
 from adapters.gpu.logprobs.completion_outputs import CompletionOutputs  # noqa: E402
 from adapters.http.app import create_app  # noqa: E402
+from adapters.http.logprob_json import LogprobJson  # noqa: E402
 from adapters.http.serving import ModelHolder  # noqa: E402
 from adapters.http.sse import json_event  # noqa: E402
 from adapters.tokenizer.hf import HfTokenizer  # noqa: E402
@@ -46,11 +48,7 @@ from domain.contract.records import CompletionRecord, Role  # noqa: E402
 from domain.emission.choice import ChoiceEmission  # noqa: E402
 from domain.engine.step import SlotWork  # noqa: E402
 from domain.logprobs.values import LogprobOptions  # noqa: E402
-from domain.presentation.logprobs import (  # noqa: E402
-    TokenRendering,
-    chat_logprobs,
-    completion_logprobs,
-)
+from domain.presentation.logprobs import TokenRendering, completion_logprobs  # noqa: E402
 from domain.presentation.objects import ResponseHeader, chat_chunk, completion_chunk  # noqa: E402
 from domain.requests.choice_sampling import LaneSampling  # noqa: E402
 from domain.requests.sampling import SamplingParams  # noqa: E402
@@ -92,6 +90,7 @@ class StepBench:
         options: LogprobOptions | None,
         chat: bool,
         sse_serialize: Callable[[dict], bytes],
+        writer: LogprobJson,
         rendering: TokenRendering,
     ) -> None:
         self._tokenizer = tokenizer
@@ -129,8 +128,10 @@ class StepBench:
         self._choices = [
             ChoiceEmission(0, params, tokenizer, logprobs=options is not None) for _ in self._lanes
         ]
-        # The server keeps one rendering (one memo of names and bytes) for all requests.
-        self._renderings = [rendering] * lanes
+        # The server keeps one rendering and one writer (memos of names, bytes and token
+        # templates) for all requests.
+        self._writer = writer
+        self._rendering = rendering
         self._header = ResponseHeader("cmpl-0123456789abcdef0123456789abcdef", 1764633600, "m")
         self._vocab = vocab
         self._step = 0
@@ -195,17 +196,21 @@ class StepBench:
             for lane, (choice, record) in enumerate(zip(self._choices, result.records, strict=True))
         ]
         emitted = time.perf_counter()
-        for delta, rendering in zip(deltas, self._renderings, strict=True):
-            self._serialize(self._chunk(delta, rendering))
+        for delta in deltas:
+            self._serialize(self._chunk(delta))
         done = time.perf_counter()
         self.phases.executor.append((paused - start) + (read - resumed))
         self.phases.emission.append(emitted - read)
         self.phases.present.append(done - emitted)
 
-    def _chunk(self, delta, rendering: TokenRendering) -> dict:
+    def _chunk(self, delta) -> dict:
         options = self._options
-        present = chat_logprobs if self._chat else completion_logprobs
-        logprobs = None if options is None else present(delta.logprobs, options, rendering)
+        if options is None:
+            logprobs = None
+        elif self._chat:
+            logprobs = self._writer.chat(delta.logprobs, options)
+        else:
+            logprobs = completion_logprobs(delta.logprobs, options, self._rendering)
         if self._chat:
             content = {"content": delta.text} if delta.text else {}
             return chat_chunk(self._header, 0, content, logprobs=logprobs)
@@ -233,6 +238,7 @@ def main() -> int:
     tokenizer = HfTokenizer.from_dir(exported_model_dir(default_gguf_path(), progress=False))
     serialize = sse_serializer()
     rendering = TokenRendering(tokenizer.token_bytes)
+    writer = LogprobJson(rendering)
     torch.set_num_threads(1)
     lane_counts = [int(part) for part in args.lanes.split(",")]
     print(
@@ -248,7 +254,7 @@ def main() -> int:
         for lanes in lane_counts:
             baseline = None
             for name, options in MODES:
-                bench = StepBench(tokenizer, lanes, options, chat, serialize, rendering)
+                bench = StepBench(tokenizer, lanes, options, chat, serialize, writer, rendering)
                 for _ in range(args.warmup):
                     bench.step()
                 bench.phases = Phases([], [], [])
@@ -264,7 +270,7 @@ def main() -> int:
                     f"{total / baseline:.2f}x |"
                 )
     if args.profile:
-        profile(tokenizer, max(lane_counts), serialize, rendering, args.steps)
+        profile(tokenizer, max(lane_counts), serialize, writer, rendering, args.steps)
     return 0
 
 
@@ -272,11 +278,14 @@ def profile(
     tokenizer: HfTokenizer,
     lanes: int,
     serialize: Callable[[dict], bytes],
+    writer: LogprobJson,
     rendering: TokenRendering,
     steps: int,
 ) -> None:
     for chat in (False, True):
-        bench = StepBench(tokenizer, lanes, LogprobOptions(top_k=20), chat, serialize, rendering)
+        bench = StepBench(
+            tokenizer, lanes, LogprobOptions(top_k=20), chat, serialize, writer, rendering
+        )
         for _ in range(10):
             bench.step()
         profiler = bench.profiler = cProfile.Profile()

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from adapters.http.engine_bridge import RequestGroup
+from adapters.http.logprob_json import LogprobJson
 from adapters.http.serving import ServedModel
 from domain.common.errors import InvalidRequestError, RequestFailedError
 from domain.emission.outputs import ChoiceDelta, PromptScores, RequestEnd, Usage
@@ -131,6 +132,11 @@ async def collect(group: RequestGroup, job: ApiRequest) -> Collected:
 def rendering(job: ApiRequest, served: ServedModel) -> TokenRendering:
     """The served model's rendering of the kind the request asks for (its memo is shared)."""
     return served.renderings[job.return_tokens_as_token_ids]
+
+
+def logprob_writer(job: ApiRequest, served: ServedModel) -> LogprobJson:
+    """The writer of the rendering `rendering` picks (its fragments are shared)."""
+    return served.logprob_writers[job.return_tokens_as_token_ids]
 
 
 def prompt_usage(job: ApiRequest) -> Usage:

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from adapters.http.logprob_json import LogprobJson
 from domain.common.errors import NotFoundError, NotReadyError
 from domain.parsers.settings import NO_PARSERS, ParserSettings
 from domain.presentation.logprobs import TokenRendering
@@ -56,6 +57,12 @@ class ServedModel:
         request rendered (at most one entry a vocabulary token in each)."""
         token_bytes = self.tokenizer.token_bytes
         return TokenRendering(token_bytes), TokenRendering(token_bytes, as_token_ids=True)
+
+    @functools.cached_property
+    def logprob_writers(self) -> tuple[LogprobJson, LogprobJson]:
+        """Chat and completions `logprobs` as JSON text, one writer per rendering, its token
+        fragments kept for the server's life as the renderings keep names."""
+        return LogprobJson(self.renderings[0]), LogprobJson(self.renderings[1])
 
     def check_model(self, name: str | None) -> None:
         """A request may name the served model or none; any other name is a 404, as in vLLM."""

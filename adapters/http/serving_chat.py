@@ -11,15 +11,16 @@ from falcon.asgi import SSEvent
 from adapters.http import generation, wire_json
 from adapters.http.body import PostEndpoint
 from adapters.http.engine_bridge import RequestGroup
+from adapters.http.logprob_json import LogprobJson
 from adapters.http.requests.chat import chat_request
 from adapters.http.serving import ServedModel
 from adapters.http.streaming import stream_chunks
-from domain.common.wire import JsonObject
+from domain.common.wire import JsonObject, JsonText
 from domain.emission.outputs import ChoiceDelta, LogprobEntry, Usage
 from domain.parsers.build import choice_parser
 from domain.parsers.forced import whole_forced_answer
 from domain.parsers.parsed import ParserConfig
-from domain.presentation.logprobs import TokenRendering, chat_logprobs, vllm_prompt_logprobs
+from domain.presentation.logprobs import vllm_prompt_logprobs
 from domain.presentation.objects import (
     ChoiceResult,
     ResponseHeader,
@@ -42,45 +43,44 @@ class ChatCompletionsResource(PostEndpoint):
         )
         header = generation.start(job, served, "chatcmpl")
         group = await generation.request_group(job, served, header, self._settings.channel_capacity)
-        rendering = generation.rendering(job, served)
+        writer = generation.logprob_writer(job, served)
         if job.stream:
             if parsers.parses:
-                resp.sse = _parsed_stream(header, job, group, rendering, parsers)
+                resp.sse = _parsed_stream(header, job, group, writer, parsers)
             else:
-                resp.sse = _stream(header, job, group, rendering)
+                resp.sse = _stream(header, job, group, writer)
             return
         collected = await generation.collect(group, job)
         if parsers.parses:
-            body = [_parsed_choice(c, job, rendering, parsers) for c in collected.choices]
+            body = [_parsed_choice(c, job, writer, parsers) for c in collected.choices]
         else:
-            body = [
-                chat_choice(c, _logprobs(job, c.logprobs, rendering)) for c in collected.choices
-            ]
+            body = [chat_choice(c, _logprobs(job, c.logprobs, writer)) for c in collected.choices]
         prompt_logprobs = None
         if job.prompt_logprobs is not None:
             prompt_logprobs = vllm_prompt_logprobs(
                 job.prompts[0].token_ids,
                 collected.prompt_scores[0],
                 job.prompt_logprobs,
-                rendering,
+                generation.rendering(job, served),
             )
         wire_json.send(resp, chat_response(header, body, collected.usage, prompt_logprobs))
 
 
 def _logprobs(
-    job: ApiRequest, entries: Sequence[LogprobEntry], rendering: TokenRendering
-) -> dict | None:
+    job: ApiRequest, entries: Sequence[LogprobEntry], writer: LogprobJson
+) -> JsonText | None:
+    """`chat_logprobs` of the entries, written as JSON text (`logprob_json`)."""
     if job.logprobs is None:
         return None
-    return chat_logprobs(entries, job.logprobs, rendering)
+    return writer.chat(entries, job.logprobs)
 
 
 def _stream(
-    header: ResponseHeader, job: ApiRequest, group: RequestGroup, rendering: TokenRendering
+    header: ResponseHeader, job: ApiRequest, group: RequestGroup, writer: LogprobJson
 ) -> AsyncIterator[SSEvent]:
     def build(index: int, delta: ChoiceDelta, text: str, usage: Usage | None) -> dict:
         content: dict = {"content": text} if text else {}
-        logprobs = _logprobs(job, delta.logprobs, rendering)
+        logprobs = _logprobs(job, delta.logprobs, writer)
         return chat_chunk(
             header, index, content, delta.finish_reason, delta.stop_reason, usage, logprobs
         )
@@ -89,7 +89,7 @@ def _stream(
 
 
 def _parsed_choice(
-    choice: ChoiceResult, job: ApiRequest, rendering: TokenRendering, parsers: ParserConfig
+    choice: ChoiceResult, job: ApiRequest, writer: LogprobJson, parsers: ParserConfig
 ) -> JsonObject:
     """A whole choice through the parsers: the same parse its stream would give, except that
     a forced call cut short stays content (a stream has sent its pieces as calls by then)."""
@@ -107,7 +107,7 @@ def _parsed_choice(
     return {
         "index": choice.index,
         "message": parsed_message(parsed, reasoning=parsers.reasoning_parser is not None),
-        "logprobs": _logprobs(job, parsed.content_logprobs, rendering),
+        "logprobs": _logprobs(job, parsed.content_logprobs, writer),
         "finish_reason": tool_finish(parsed.finish_reason, bool(parsed.tool_calls)),
         "stop_reason": parsed.stop_reason,
     }
@@ -117,7 +117,7 @@ def _parsed_stream(
     header: ResponseHeader,
     job: ApiRequest,
     group: RequestGroup,
-    rendering: TokenRendering,
+    writer: LogprobJson,
     parsers: ParserConfig,
 ) -> AsyncIterator[SSEvent]:
     """Each choice's deltas through its parser; a delta whose text is all held back sends
@@ -131,7 +131,7 @@ def _parsed_stream(
             called.add(index)
         if parsed.empty and not parsed.content_logprobs:
             return None
-        logprobs = _logprobs(job, parsed.content_logprobs, rendering)
+        logprobs = _logprobs(job, parsed.content_logprobs, writer)
         finish = tool_finish(parsed.finish_reason, index in called)
         return chat_chunk(
             header, index, parsed_delta(parsed), finish, parsed.stop_reason, usage, logprobs

@@ -5,6 +5,7 @@ in msgspec (chat: 120 and 10 us; docs/performance.md). msgspec writes no whitesp
 tokens, the same strings and the same shortest float digits; it spells exponents its own way
 (`1e-7` where `json.dumps` writes `1e-07`), so values presentation marked as `ReprFloat` are
 written as `repr` writes them, and the float text on the wire is the one `json.dumps` wrote.
+`JsonText` (JSON already written, `adapters/http/logprob_json`) is written as it stands.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import falcon
 import falcon.asgi
 import msgspec
 
-from domain.common.wire import ReprFloat
+from domain.common.wire import JsonText, ReprFloat
 
 
-def _repr_float(value: Any) -> msgspec.Raw:
+def _marked(value: Any) -> msgspec.Raw:
+    if isinstance(value, JsonText):
+        return msgspec.Raw(value)
     if isinstance(value, ReprFloat):
         # json.dumps spells the non-finite ones NaN, Infinity, -Infinity.
         plain = float(value)
@@ -29,7 +32,7 @@ def _repr_float(value: Any) -> msgspec.Raw:
     raise TypeError(f"{type(value).__name__} is not JSON")
 
 
-_ENCODER = msgspec.json.Encoder(enc_hook=_repr_float)
+_ENCODER = msgspec.json.Encoder(enc_hook=_marked)
 
 
 def encode(payload: Any) -> bytes:

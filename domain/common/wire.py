@@ -22,6 +22,13 @@ class ReprFloat(float):
     __slots__ = ()
 
 
+class JsonText(bytes):
+    """JSON already written, as UTF-8 bytes (an adapter's fast path): the HTTP adapter's JSON
+    encoder (`adapters/http/wire_json`) writes it as it stands; no other encoder knows it."""
+
+    __slots__ = ()
+
+
 def wire_float(value: float) -> float:
     """`value` as a float every encoder writes as `json.dumps` does: marked as a `ReprFloat`
     where `repr` takes exponent form (nonzero magnitudes below 1e-4 or from 1e16)."""

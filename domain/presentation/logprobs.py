@@ -58,7 +58,7 @@ class TokenRendering:
         return [b.copy() if (b := known(i)) is not None else self.byte_list(i) for i in token_ids]
 
 
-def _alternatives(
+def shown_alternatives(
     entry: LogprobEntry, options: LogprobOptions
 ) -> tuple[Sequence[int], Sequence[float]]:
     """Selected IDs all, in caller order; otherwise the first `top_k` natural alternatives: their
@@ -84,7 +84,7 @@ def completion_logprobs(
         name = rendering.text(chosen.token_id)
         value = wire_logprob(chosen.logprob)
         top = {name: value}
-        ids, values = _alternatives(entry, options)
+        ids, values = shown_alternatives(entry, options)
         if ids:
             # Distinct IDs may decode to the same string; the first (the chosen) keeps the key.
             for key, logprob in zip(rendering.texts(ids), wire_logprobs(values), strict=True):
@@ -119,7 +119,7 @@ def chat_logprobs(
     for entry in entries:
         chosen = entry.position.chosen
         item = _chat_token(chosen.token_id, chosen.logprob, rendering)
-        ids, values = _alternatives(entry, options)
+        ids, values = shown_alternatives(entry, options)
         names, byte_lists = rendering.texts(ids), rendering.byte_lists(ids)
         item["top_logprobs"] = [
             {"token": name, "logprob": logprob, "bytes": raw}

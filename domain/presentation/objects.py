@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from domain.common.errors import DomainError
-from domain.common.wire import JsonObject
+from domain.common.wire import JsonObject, JsonText
 from domain.emission.outputs import ChoiceDelta, LogprobEntry, Usage
 
 
@@ -67,7 +67,7 @@ def completion_choice(
     choice: ChoiceResult,
     *,
     prefix: str = "",
-    logprobs: JsonObject | None = None,
+    logprobs: JsonObject | JsonText | None = None,
     prompt_logprobs: list[JsonObject | None] | None = None,
 ) -> JsonObject:
     return {
@@ -100,7 +100,7 @@ def completion_chunk(
     finish_reason: str | None = None,
     stop_reason: str | int | None = None,
     usage: Usage | None = None,
-    logprobs: JsonObject | None = None,
+    logprobs: JsonObject | JsonText | None = None,
 ) -> JsonObject:
     choice = _chunk_choice(index, {"text": text}, logprobs, finish_reason, stop_reason)
     return _chunk(header, "text_completion", [choice], usage)
@@ -109,7 +109,7 @@ def completion_chunk(
 def _chunk_choice(
     index: int,
     body: JsonObject,
-    logprobs: JsonObject | None,
+    logprobs: JsonObject | JsonText | None,
     finish_reason: str | None,
     stop_reason: str | int | None,
 ) -> JsonObject:
@@ -145,7 +145,7 @@ def usage_chunk(header: ResponseHeader, usage: Usage, *, chat: bool) -> JsonObje
     return _chunk(header, "chat.completion.chunk" if chat else "text_completion", [], usage)
 
 
-def chat_choice(choice: ChoiceResult, logprobs: JsonObject | None = None) -> JsonObject:
+def chat_choice(choice: ChoiceResult, logprobs: JsonObject | JsonText | None = None) -> JsonObject:
     """A choice as the model wrote it, all content (parsed answers and forced tool calls go
     through `domain.presentation.parsed`)."""
     return {
@@ -187,7 +187,7 @@ def chat_chunk(
     finish_reason: str | None = None,
     stop_reason: str | int | None = None,
     usage: Usage | None = None,
-    logprobs: JsonObject | None = None,
+    logprobs: JsonObject | JsonText | None = None,
 ) -> JsonObject:
     choice = _chunk_choice(index, {"delta": delta}, logprobs, finish_reason, stop_reason)
     return _chunk(header, "chat.completion.chunk", [choice], usage)

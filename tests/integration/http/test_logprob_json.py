@@ -1,0 +1,114 @@
+"""Chat logprobs written from token templates are the bytes presentation's objects encode to."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from adapters.http.logprob_json import LogprobJson
+from adapters.http.wire_json import encode
+from domain.emission.outputs import LogprobEntry
+from domain.logprobs.values import (
+    NATURAL_TOP_K,
+    LogprobOptions,
+    PositionLogprobs,
+    TokenLogprob,
+    bits_to_float,
+)
+from domain.presentation.logprobs import TokenRendering, chat_logprobs
+
+# Names that JSON escapes, non-ASCII text, a lone continuation byte (a replacement character),
+# an empty token, two IDs (7 and 8) that decode to the same name, and `%` signs, which the
+# templates' formatting must leave as they are.
+PIECES = [
+    b"Hello",
+    b' "quoted"',
+    b"back\\slash",
+    b"\n\t\r\x00\x1f\x7f",
+    "caf\u00e9 \u2028 \U0001f600".encode(),
+    b"\x80",
+    b"",
+    b" same",
+    b" same",
+    b"</script>",
+    b"100%",
+    b"%b%%s",
+]
+SPECIAL_VALUES = [
+    -math.inf,
+    math.nan,
+    -0.0,
+    0.0,
+    -1e-05,
+    -9.999999747378752e-05,
+    -0.0001,
+    -9999.0,
+    -12000.5,
+    -1.1920928955078125e-07,
+]
+
+token_ids = st.integers(0, len(PIECES) - 1)
+logprob_values = st.one_of(
+    st.integers(-(2**31), 2**31 - 1).map(bits_to_float), st.sampled_from(SPECIAL_VALUES)
+)
+
+
+@st.composite
+def entries(draw):
+    """Positions with up to K alternatives, a chosen token that may lead them, any FP32 value."""
+    found = []
+    for offset in draw(st.lists(st.integers(0, 400), max_size=4)):
+        chosen = TokenLogprob(draw(token_ids), draw(logprob_values))
+        count = draw(st.integers(0, NATURAL_TOP_K))
+        alternatives = [TokenLogprob(draw(token_ids), draw(logprob_values)) for _ in range(count)]
+        if alternatives and draw(st.booleans()):
+            alternatives[0] = chosen
+        found.append(LogprobEntry(PositionLogprobs(chosen, alternatives), offset))
+    return found
+
+
+options = st.one_of(
+    st.integers(0, NATURAL_TOP_K).map(lambda k: LogprobOptions(top_k=k)),
+    st.lists(token_ids, min_size=1, max_size=3).map(
+        lambda ids: LogprobOptions(token_ids=tuple(ids))
+    ),
+)
+
+
+def renderings() -> list[TokenRendering]:
+    return [
+        TokenRendering(PIECES.__getitem__),
+        TokenRendering(PIECES.__getitem__, as_token_ids=True),
+    ]
+
+
+WRITERS = [(rendering, LogprobJson(rendering)) for rendering in renderings()]
+
+
+@given(entries(), options)
+def test_chat_logprobs_from_fragments_are_the_encoded_objects_byte_for_byte(found, asked):
+    for rendering, writer in WRITERS:
+        written = writer.chat(found, asked)
+        assert encode(written) == encode(chat_logprobs(found, asked, rendering))
+        assert encode({"logprobs": written}) == encode(
+            {"logprobs": chat_logprobs(found, asked, rendering)}
+        )
+
+
+def test_a_token_with_percent_signs_keeps_them_in_its_name_and_bytes():
+    chosen = TokenLogprob(11, -0.5)
+    position = PositionLogprobs(chosen, [chosen, TokenLogprob(10, -1.25)])
+    rendering, writer = WRITERS[0]
+
+    written = encode(writer.chat([LogprobEntry(position, 0)], LogprobOptions(top_k=2)))
+
+    assert written == (
+        b'{"content":[{"token":"%b%%s","logprob":-0.5,"bytes":[37,98,37,37,115],'
+        b'"top_logprobs":[{"token":"%b%%s","logprob":-0.5,"bytes":[37,98,37,37,115]},'
+        b'{"token":"100%","logprob":-1.25,"bytes":[49,48,48,37]}]}]}'
+    )
+    assert written == encode(
+        chat_logprobs([LogprobEntry(position, 0)], LogprobOptions(2), rendering)
+    )
