@@ -13,7 +13,9 @@ verification chunk, next to short or long neighbours.
 
 Linear layers with CPU FP32 weights take a compiled kernel instead (`native_gemm`, made by
 `make native`): it reduces every output in one fixed order of its own, so it needs no padding
-and a decode step of one row costs a matrix-vector product, not a 4-row GEMM.
+and a decode step of one row costs a matrix-vector product, not a 4-row GEMM. Its attention
+kernel scores a query's keys with the same dot products and adds the visible keys in position
+order, one pass where the torch blocks below take a dozen small operations.
 """
 
 from __future__ import annotations
@@ -95,8 +97,13 @@ def blocked_attention(
     Two passes over key blocks: the maximum score (exact in any order), then per block the
     exponentials' sum and their product with the values (matmuls of fixed shape), added block
     after block. Masked keys weigh exactly zero, so blocks past a query's last key, and keys
-    past it inside its block, change none of its bits.
+    past it inside its block, change none of its bits. With the compiled library, CPU FP32
+    caches take its kernel instead (`native_gemm.attention`): the same contract in one pass
+    per query row, keys added one by one in position order.
     """
+    native = native_gemm.attention(queries, key_cache, value_cache, kv_slots, mask, scale)
+    if native is not None:
+        return native
     count, heads, rows, head_dim = queries.shape
     width = kv_slots.shape[1]
     blocks = -(-width // KEY_BLOCK)

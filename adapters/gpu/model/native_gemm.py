@@ -44,6 +44,13 @@ def library() -> ctypes.CDLL | None:
         *(_INT64, _INT64, _POINTER, _INT64),  # outputs [first, stop), out, out stride
     ]
     loaded.helios_rows_times_weight.restype = ctypes.c_int
+    loaded.helios_invariant_attention.argtypes = [
+        *(_POINTER, _INT64, _INT64, _INT64),  # queries, heads, rows, dim
+        *(_POINTER, _POINTER, _POINTER, _INT64),  # key cache, value cache, slots, width
+        *(_POINTER, _INT64, _INT64, _INT64),  # mask and its strides: sequence, row, key
+        *(ctypes.c_float, _INT64, _INT64, _POINTER),  # scale, units [first, stop), out
+    ]
+    loaded.helios_invariant_attention.restype = ctypes.c_int
     loaded.helios_gemm_width.argtypes = [ctypes.c_int]
     loaded.helios_gemm_width.restype = ctypes.c_int
     return loaded
@@ -98,13 +105,60 @@ def rows_times_weight(
     return out
 
 
-def _shares(outputs: int, work: int) -> list[tuple[int, int]]:
-    """Output ranges [first, stop), one a thread: torch's thread count for large calls."""
-    threads = min(torch.get_num_threads(), -(-outputs // OUT_TILE))
+def attention(
+    queries: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    kv_slots: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+) -> torch.Tensor | None:
+    """invariant.blocked_attention in the kernel's fixed order (row_gemm.c's
+    helios_invariant_attention), or None where the torch blocks must serve (see module)."""
+    native = library()
+    if native is None or not applies(key_cache.flatten(1)) or queries.dtype != torch.float32:
+        return None
+    if value_cache.dtype != torch.float32 or value_cache.device.type != "cpu":
+        return None
+    count, heads, rows, dim = queries.shape
+    width = kv_slots.shape[1]
+    if mask.dtype != torch.bool or mask.shape[0] != count or mask.shape[3] != width:
+        return None
+    queries, kv_slots = queries.contiguous(), kv_slots.to(torch.int64).contiguous()
+    key_cache, value_cache = key_cache.contiguous(), value_cache.contiguous()
+    out = queries.new_empty(count, heads, rows, dim)
+    units = count * heads
+    if units == 0 or rows == 0:
+        return out
+    mask_row = mask.stride(2) if mask.shape[2] == rows else 0
+    common = (queries.data_ptr(), heads, rows, dim, key_cache.data_ptr(), value_cache.data_ptr())
+    common += (kv_slots.data_ptr(), width, mask.data_ptr(), mask.stride(0), mask_row)
+    common += (mask.stride(3), scale)
+    shares = _shares(units, units * rows * width * dim * 2, 1)
+    failed = 0
+    pending: list[Future[int]] = [
+        _pool(len(shares) - 1).submit(
+            native.helios_invariant_attention, *common, first, stop, out.data_ptr()
+        )
+        for first, stop in shares[1:]
+    ]
+    first, stop = shares[0]
+    failed += native.helios_invariant_attention(*common, first, stop, out.data_ptr())
+    for done in pending:
+        failed += done.result()
+    if failed:
+        raise MemoryError("batch-invariant attention: no scratch memory for the scores")
+    return out
+
+
+def _shares(outputs: int, work: int, granule: int = OUT_TILE) -> list[tuple[int, int]]:
+    """Ranges [first, stop) of `outputs`, one a thread in multiples of `granule`: torch's
+    thread count for large calls, one thread below _THREADED_WORK multiply-adds."""
+    tiles = -(-outputs // granule)
+    threads = min(torch.get_num_threads(), tiles)
     if threads <= 1 or work < _THREADED_WORK:
         return [(0, outputs)]
-    tiles = -(-outputs // OUT_TILE)
-    bounds = [min(outputs, (tiles * t // threads) * OUT_TILE) for t in range(threads + 1)]
+    bounds = [min(outputs, (tiles * t // threads) * granule) for t in range(threads + 1)]
     return [(bounds[t], bounds[t + 1]) for t in range(threads) if bounds[t] < bounds[t + 1]]
 
 

@@ -17,6 +17,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define INLINE static inline __attribute__((always_inline))
@@ -46,6 +47,16 @@ INLINE lanes_s fma_s(lanes_s a, lanes_s b, lanes_s acc) {
     return acc;
 }
 
+INLINE lanes_s splat_s(float value) {
+    lanes_s x;
+    for (int i = 0; i < LANES; i++) x.v[i] = value;
+    return x;
+}
+
+INLINE void store_s(float *at, lanes_s x, int64_t count) {
+    for (int64_t i = 0; i < count; i++) at[i] = x.v[i];
+}
+
 INLINE float sum_s(lanes_s x) {
     float s8[8], s4[4], s2[2];
     for (int i = 0; i < 8; i++) s8[i] = x.v[i] + x.v[i + 8];
@@ -61,6 +72,9 @@ INLINE float sum_s(lanes_s x) {
 #define lanes_load_part load_s
 #define lanes_fma fma_s
 #define lanes_sum sum_s
+#define lanes_splat splat_s
+#define lanes_store(at, x) store_s(at, x, LANES)
+#define lanes_store_part store_s
 #define ROW_TILE 2
 #define OUT_TILE 2
 #include "row_gemm_kernels.h"
@@ -71,6 +85,9 @@ INLINE float sum_s(lanes_s x) {
 #undef lanes_load_part
 #undef lanes_fma
 #undef lanes_sum
+#undef lanes_splat
+#undef lanes_store
+#undef lanes_store_part
 #undef ROW_TILE
 #undef OUT_TILE
 
@@ -102,6 +119,21 @@ INLINE lanes_v8 fma_v8(lanes_v8 a, lanes_v8 b, lanes_v8 acc) {
                       _mm256_fmadd_ps(a.high, b.high, acc.high)};
 }
 
+INLINE lanes_v8 splat_v8(float value) {
+    return (lanes_v8){_mm256_set1_ps(value), _mm256_set1_ps(value)};
+}
+
+INLINE void store_v8(float *at, lanes_v8 x) {
+    _mm256_storeu_ps(at, x.low);
+    _mm256_storeu_ps(at + 8, x.high);
+}
+
+INLINE void store_part_v8(float *at, lanes_v8 x, int64_t count) {
+    float padded[LANES];
+    store_v8(padded, x);
+    memcpy(at, padded, (size_t)count * sizeof(float));
+}
+
 INLINE float sum_eight(__m256 s8) {
     __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
     __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
@@ -118,6 +150,9 @@ INLINE float sum_v8(lanes_v8 x) { return sum_eight(_mm256_add_ps(x.low, x.high))
 #define lanes_load_part load_part_v8
 #define lanes_fma fma_v8
 #define lanes_sum sum_v8
+#define lanes_splat splat_v8
+#define lanes_store store_v8
+#define lanes_store_part store_part_v8
 #define ROW_TILE 2
 #define OUT_TILE 3
 #include "row_gemm_kernels.h"
@@ -128,6 +163,9 @@ INLINE float sum_v8(lanes_v8 x) { return sum_eight(_mm256_add_ps(x.low, x.high))
 #undef lanes_load_part
 #undef lanes_fma
 #undef lanes_sum
+#undef lanes_splat
+#undef lanes_store
+#undef lanes_store_part
 #undef ROW_TILE
 #undef OUT_TILE
 #pragma GCC pop_options
@@ -137,6 +175,10 @@ INLINE float sum_v8(lanes_v8 x) { return sum_eight(_mm256_add_ps(x.low, x.high))
 #pragma GCC target("avx512f,avx2,fma")
 INLINE __m512 load_part_v16(const float *at, int64_t count) {
     return _mm512_maskz_loadu_ps((__mmask16)((1u << count) - 1u), at);
+}
+
+INLINE void store_part_v16(float *at, __m512 x, int64_t count) {
+    _mm512_mask_storeu_ps(at, (__mmask16)((1u << count) - 1u), x);
 }
 
 INLINE float sum_v16(__m512 x) {
@@ -152,6 +194,9 @@ INLINE float sum_v16(__m512 x) {
 #define lanes_load_part load_part_v16
 #define lanes_fma _mm512_fmadd_ps
 #define lanes_sum sum_v16
+#define lanes_splat _mm512_set1_ps
+#define lanes_store _mm512_storeu_ps
+#define lanes_store_part store_part_v16
 #define ROW_TILE 4
 #define OUT_TILE 6
 #include "row_gemm_kernels.h"
@@ -162,6 +207,9 @@ INLINE float sum_v16(__m512 x) {
 #undef lanes_load_part
 #undef lanes_fma
 #undef lanes_sum
+#undef lanes_splat
+#undef lanes_store
+#undef lanes_store_part
 #undef ROW_TILE
 #undef OUT_TILE
 #pragma GCC pop_options
@@ -214,5 +262,38 @@ EXPORT int helios_rows_times_weight(const float *rows, int64_t count, int64_t in
     (void)width;
     rows_times_weight_s(rows, count, inner, row_stride, weight, weight_stride, bias, first, stop,
                         out, out_stride);
+    return 0;
+}
+
+/* Batch-invariant attention (invariant.blocked_attention's contract) of units [first, stop) of
+ * count x heads (unit = sequence * heads + head): queries [count, heads, rows, dim] and out
+ * [count, heads, rows, dim] contiguous; caches [slots, heads, dim] contiguous; key position j of
+ * sequence s at cache row kv_slots[s * width + j]; mask bytes (nonzero: visible) of query row r
+ * at mask[s * mask_sequence + r * mask_row + j * mask_key]. A query's scores are the kernel's
+ * fixed-order dot products times `scale`; its maximum over visible keys is exact; the visible
+ * keys' weights expf(score - max) and their products with the values are added in increasing
+ * key position, one fused multiply-add per value lane; the sum divides last. Keys it cannot
+ * see change nothing, so neither its chunk, its neighbours nor the padding does. A row that
+ * sees no key gets zeros. Returns 0, or 1 when scratch memory is short. */
+EXPORT int helios_invariant_attention(const float *queries, int64_t heads, int64_t rows,
+                                      int64_t dim, const float *keys, const float *values,
+                                      const int64_t *kv_slots, int64_t width, const uint8_t *mask,
+                                      int64_t mask_sequence, int64_t mask_row, int64_t mask_key,
+                                      float scale, int64_t first, int64_t stop, float *out) {
+    float *scores = malloc((size_t)(width > 0 ? width : 1) * 4 * sizeof(float));
+    if (!scores) return 1;
+    int width_ = chosen_width ? chosen_width : helios_gemm_width(0);
+#ifdef X86_WIDTHS
+    if (width_ == 16)
+        attend_v16(queries, heads, rows, dim, keys, values, kv_slots, width, mask, mask_sequence,
+                   mask_row, mask_key, scale, first, stop, out, scores);
+    else if (width_ == 8)
+        attend_v8(queries, heads, rows, dim, keys, values, kv_slots, width, mask, mask_sequence,
+                  mask_row, mask_key, scale, first, stop, out, scores);
+    else
+#endif
+        attend_s(queries, heads, rows, dim, keys, values, kv_slots, width, mask, mask_sequence,
+                 mask_row, mask_key, scale, first, stop, out, scores);
+    free(scores);
     return 0;
 }

@@ -10,6 +10,7 @@
 #define tile CAT(tile, SUFFIX)
 #define tile_rows CAT(tile_rows, SUFFIX)
 #define rows_times_weight CAT(rows_times_weight, SUFFIX)
+#define attend CAT(attend, SUFFIX)
 
 /* The dot products [rt][OUT_TILE] of rows `row` [rt] with weight rows `w` [OUT_TILE]. */
 INLINE void tile(const float *const *row, const int rt, const float *const *w, int64_t inner,
@@ -98,6 +99,73 @@ static void rows_times_weight(const float *rows, int64_t count, int64_t inner, i
     }
 }
 
+/* helios_invariant_attention at this width; `scores` holds 4 x width floats. */
+static void attend(const float *queries, int64_t heads, int64_t rows, int64_t dim,
+                   const float *keys, const float *values, const int64_t *kv_slots, int64_t width,
+                   const uint8_t *mask, int64_t mask_sequence, int64_t mask_row, int64_t mask_key,
+                   float scale, int64_t first, int64_t stop, float *out, float *scores) {
+    for (int64_t unit = first; unit < stop; unit++) {
+        int64_t sequence = unit / heads, head = unit % heads;
+        const int64_t *slot = kv_slots + sequence * width;
+        for (int64_t r0 = 0; r0 < rows; r0 += ROW_TILE) {
+            int rt = rows - r0 < ROW_TILE ? (int)(rows - r0) : ROW_TILE;
+            const float *query[ROW_TILE];
+            const uint8_t *visible[ROW_TILE];
+            int64_t end = 0; /* past the last key any of these rows sees */
+            for (int r = 0; r < rt; r++) {
+                query[r] = queries + (unit * rows + r0 + r) * dim;
+                visible[r] = mask + sequence * mask_sequence + (r0 + r) * mask_row;
+                for (int64_t j = width; j > end; j--) {
+                    if (visible[r][(j - 1) * mask_key]) {
+                        end = j;
+                        break;
+                    }
+                }
+            }
+            for (int64_t j0 = 0; j0 < end; j0 += OUT_TILE) {
+                const float *key[OUT_TILE];
+                for (int o = 0; o < OUT_TILE; o++) {
+                    int64_t j = j0 + o < end ? j0 + o : end - 1;
+                    key[o] = keys + (slot[j] * heads + head) * dim;
+                }
+                float sums[ROW_TILE][OUT_TILE];
+                tile_rows(query, rt, key, dim, sums);
+                for (int r = 0; r < rt; r++)
+                    for (int o = 0; o < OUT_TILE && j0 + o < end; o++)
+                        scores[r * width + j0 + o] = sums[r][o] * scale;
+            }
+            for (int r = 0; r < rt; r++) {
+                float *target = out + (unit * rows + r0 + r) * dim;
+                const float *score = scores + r * width;
+                float top = -INFINITY;
+                for (int64_t j = 0; j < end; j++)
+                    if (visible[r][j * mask_key] && score[j] > top) top = score[j];
+                memset(target, 0, (size_t)dim * sizeof(float));
+                float total = 0.0f;
+                for (int64_t j = 0; j < end; j++) {
+                    if (!visible[r][j * mask_key]) continue;
+                    float weight = expf(score[j] - top);
+                    total += weight;
+                    const float *value = values + (slot[j] * heads + head) * dim;
+                    lanes spread = lanes_splat(weight);
+                    int64_t d = 0;
+                    for (; d + LANES <= dim; d += LANES)
+                        lanes_store(target + d,
+                                    lanes_fma(spread, lanes_load(value + d), lanes_load(target + d)));
+                    if (d < dim) {
+                        lanes sum = lanes_fma(spread, lanes_load_part(value + d, dim - d),
+                                              lanes_load_part(target + d, dim - d));
+                        lanes_store_part(target + d, sum, dim - d);
+                    }
+                }
+                if (total > 0.0f)
+                    for (int64_t d = 0; d < dim; d++) target[d] = target[d] / total;
+            }
+        }
+    }
+}
+
 #undef tile
 #undef tile_rows
 #undef rows_times_weight
+#undef attend
