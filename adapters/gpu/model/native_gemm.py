@@ -85,7 +85,7 @@ def rows_times_weight(
     out = rows.new_empty(count, outputs)
     if count == 0 or outputs == 0:
         return out
-    common = (rows.data_ptr(), count, inner, max(rows.stride(0), 1))
+    common: tuple[int | float | None, ...] = (rows.data_ptr(), count, inner, max(rows.stride(0), 1))
     common += (weight.data_ptr(), max(weight.stride(0), 1))
     common += (None if bias is None else bias.data_ptr(),)
     shares = _shares(outputs, count * outputs * inner)
@@ -131,7 +131,8 @@ def attention(
     if units == 0 or rows == 0:
         return out
     mask_row = mask.stride(2) if mask.shape[2] == rows else 0
-    common = (queries.data_ptr(), heads, rows, dim, key_cache.data_ptr(), value_cache.data_ptr())
+    common: tuple[int | float, ...] = (queries.data_ptr(), heads, rows, dim)
+    common += (key_cache.data_ptr(), value_cache.data_ptr())
     common += (kv_slots.data_ptr(), width, mask.data_ptr(), mask.stride(0), mask_row)
     common += (mask.stride(3), scale)
     shares = _shares(units, units * rows * width * dim * 2, 1)
