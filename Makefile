@@ -26,10 +26,19 @@ NATIVE_LIB := adapters/gpu/logprobs/native/libhelios_reduction.so
 NATIVE_FLAGS := -O2 -ffp-contract=off -fno-fast-math -std=c11 -fPIC -shared -fvisibility=hidden \
 	-Wall -Wextra -Wno-psabi
 
-native: $(NATIVE_LIB)
+# The batch-invariant linear layer (adapters/gpu/model/native_gemm.py loads it and falls back
+# to the padded BLAS GEMM without it): its only fused multiply-adds are explicit intrinsics.
+GEMM_SRC := adapters/gpu/model/native/row_gemm.c adapters/gpu/model/native/row_gemm_kernels.h
+GEMM_LIB := adapters/gpu/model/native/libhelios_gemm.so
+GEMM_FLAGS := $(subst -O2,-O3,$(NATIVE_FLAGS))
+
+native: $(NATIVE_LIB) $(GEMM_LIB)
 
 $(NATIVE_LIB): $(NATIVE_SRC)
 	$(CC) $(NATIVE_FLAGS) -o $@ $(filter %.c,$^)
+
+$(GEMM_LIB): $(GEMM_SRC)
+	$(CC) $(GEMM_FLAGS) -o $@ $(filter %.c,$^) -lm
 
 # One resolver run over the whole lock keeps pip from pulling a CUDA torch onto a CPU machine;
 # the test weights and helios itself follow with --no-deps so nothing is re-resolved, and helios
@@ -71,7 +80,7 @@ bench: venv
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .hypothesis .import_linter_cache
-	rm -f $(NATIVE_LIB)
+	rm -f $(NATIVE_LIB) $(GEMM_LIB)
 	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +
 
 distclean: clean

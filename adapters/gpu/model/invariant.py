@@ -10,6 +10,12 @@ batch N differ by up to 3e-5 on SmolLM2. So every matmul here gets a multiple of
 in blocks of `KEY_BLOCK` positions counted from position 0, combined in block order, so a query
 sees the same sums whether its keys came in one chunk or many, in a decode row or a
 verification chunk, next to short or long neighbours.
+
+Linear layers with CPU FP32 weights take a compiled kernel instead (`native_gemm`, made by
+`make native`): it reduces every output in one fixed order of its own, so it needs no padding
+and a decode step of one row costs a matrix-vector product, not a 4-row GEMM. Its attention
+kernel scores a query's keys with the same dot products and adds the visible keys in position
+order, one pass where the torch blocks below take a dozen small operations.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
+
+from adapters.gpu.model import native_gemm
 
 # Every GEMM's row count is a multiple of this (measured: see the module docstring).
 GEMM_ROW_GRANULE = 4
@@ -28,7 +36,14 @@ KEY_BLOCK = 64
 def invariant_linear(
     rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """`rows @ weight.T + bias` [N, out] computed alike for every row count N."""
+    """`rows @ weight.T + bias` [N, out] computed alike for every row count N.
+
+    CPU FP32 weights take the compiled fixed-order kernel (`native_gemm`) when it is built; the
+    rest, and every weight when it is not, the zero-padded GEMM. Which one depends on the
+    weight's dtype and device, so every row of a model takes the same one."""
+    native = native_gemm.rows_times_weight(rows, weight, bias)
+    if native is not None:
+        return native
     count = rows.shape[0]
     if count and count % GEMM_ROW_GRANULE == 0:
         return F.linear(rows.contiguous(), weight, bias)
@@ -50,13 +65,14 @@ class RowInvarianceError(RuntimeError):
 def check_row_invariance(weights: Iterable[torch.Tensor]) -> None:
     """Raises RowInvarianceError unless `invariant_linear` gives every probed row count the
     bits the same rows get inside a 64-row call, for each of `weights` [out, in], at this
-    process's thread count. The property is measured, not promised by the BLAS, so a server
-    checks it before it promises bits."""
+    process's thread count. The padded GEMM's property is measured, not promised by the BLAS,
+    so a server checks it before it promises bits; the compiled kernel holds it by
+    construction, and the probe checks that the library loaded is that kernel."""
     generator = torch.Generator().manual_seed(0)
     for weight in weights:
         rows = torch.randn(_PROBE_ROWS, weight.shape[1], generator=generator)
         rows = rows.to(dtype=weight.dtype, device=weight.device)
-        reference = F.linear(rows, weight)
+        reference = invariant_linear(rows, weight)
         for count in _PROBED_COUNTS:
             if not torch.equal(invariant_linear(rows[:count], weight), reference[:count]):
                 raise RowInvarianceError(
@@ -81,8 +97,13 @@ def blocked_attention(
     Two passes over key blocks: the maximum score (exact in any order), then per block the
     exponentials' sum and their product with the values (matmuls of fixed shape), added block
     after block. Masked keys weigh exactly zero, so blocks past a query's last key, and keys
-    past it inside its block, change none of its bits.
+    past it inside its block, change none of its bits. With the compiled library, CPU FP32
+    caches take its kernel instead (`native_gemm.attention`): the same contract in one pass
+    per query row, keys added one by one in position order.
     """
+    native = native_gemm.attention(queries, key_cache, value_cache, kv_slots, mask, scale)
+    if native is not None:
+        return native
     count, heads, rows, head_dim = queries.shape
     width = kv_slots.shape[1]
     blocks = -(-width // KEY_BLOCK)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from adapters.cli.runner_args import add_runner_arguments, runner_settings
 from adapters.gpu.factory import RunnerSettings, build_executor
 from adapters.gpu.loading.weights import load_model
-from adapters.gpu.model import invariant
+from adapters.gpu.model import invariant, native_gemm
 from adapters.gpu.model.decoder import DecoderModel
 from adapters.gpu.model.forward_batch import ForwardBatch, SequenceChunk
 from adapters.gpu.model.invariant import (
@@ -49,7 +49,17 @@ def threads(request: pytest.FixtureRequest):
     torch.set_num_threads(before)
 
 
-def test_a_linear_row_has_the_same_bits_whatever_the_row_count(threads):
+@pytest.fixture(params=["native", "padded"])
+def kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The compiled fixed-order kernel, or the padded BLAS GEMM that serves without it."""
+    if request.param == "padded":
+        monkeypatch.setattr(native_gemm, "library", lambda: None)
+    else:
+        assert native_gemm.library() is not None, "`make native` builds the library"
+    return request.param
+
+
+def test_a_linear_row_has_the_same_bits_whatever_the_row_count(threads, kernel):
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(96, 64, generator=generator) * 0.1
     bias = torch.randn(96, generator=generator)
@@ -60,8 +70,8 @@ def test_a_linear_row_has_the_same_bits_whatever_the_row_count(threads):
         assert torch.equal(invariant_linear(rows[:count], weight, bias), alone[:count]), count
 
 
-def test_the_start_up_probe_passes_the_padded_gemm_and_catches_an_unpadded_one(
-    threads, monkeypatch: pytest.MonkeyPatch
+def test_the_start_up_probe_passes_both_kernels_and_catches_an_unpadded_gemm(
+    threads, kernel, monkeypatch: pytest.MonkeyPatch
 ):
     generator = torch.Generator().manual_seed(2)
     weights = [torch.randn(96, 64, generator=generator), torch.randn(320, 64, generator=generator)]
