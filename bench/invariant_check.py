@@ -6,7 +6,8 @@ or speculation. Each other run changes one thing: batch 16, prefill chunks of 16
 a second pass over a warm prefix cache (every prompt's full blocks are hits), n-gram
 speculation in batch 16. Tokens and every logprob entry (chosen and top-20, as exact reprs) must
 equal the reference's; the default kernels' batch 16 is reported against their batch 1 (tokens
-equal, values within the measured bound of 3e-5). Prints a table; exits 1 if any check fails.
+equal, values within 1e-4: 6.9e-5 measured on these 50 prompts, 2.7e-5 on the speculation
+test's). Prints a table; exits 1 if any check fails.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from invariant import differing, measure  # noqa: E402
 from prompts import QUESTIONS  # noqa: E402
 
 ASIDES = ("", " Answer briefly.", " Explain it to a child.", " Use one sentence.")
-DEFAULT_BOUND = 3e-5
+DEFAULT_BOUND = 1e-4
 UNCHUNKED = 2048
 _FLOAT = re.compile(r"-?\d+\.\d+(?:e-?\d+)?|-?inf")
 
