@@ -98,6 +98,7 @@ def test_a_bfloat16_checkpoint_loads_under_both_dtypes_and_decodes_64_tokens_as_
     expected32 = checks.reference_logits(upcast, PROMPT)
     assert checks.max_difference(float32_logits, expected32) <= checks.FLOAT32_ATOL
     tokens = checks.assert_bfloat16_greedy_matches(as_bfloat16, native, PROMPT, steps=64)
+    checks.assert_bfloat16_engine_logprobs(directory, native, PROMPT)
     prefill = checks.chunked_logits(as_bfloat16, tokens, [len(tokens)])
     expected16 = checks.reference_logits(native, tokens)
     assert checks.max_difference(prefill, expected16) <= checks.BFLOAT16_ATOL

@@ -22,6 +22,7 @@ from tests.support.tiny_moe_models import (
     build_tiny_qwen2_moe,
     build_tiny_qwen3_moe,
 )
+from tests.support.tokenizers import build_byte_level_bpe
 
 VOCAB_SIZE = 320
 BLOCK_SIZE = 4
@@ -169,3 +170,5 @@ def test_a_bfloat16_checkpoint_loads_as_both_dtypes_and_decodes_64_tokens_as_tra
     )
     assert torch.equal(got16.argmax(-1), expected16.argmax(-1))
     checks.assert_bfloat16_greedy_matches(as16, native, random_tokens(24, seed=3), steps=64)
+    build_byte_level_bpe(directory, vocab_size=VOCAB_SIZE)
+    checks.assert_bfloat16_engine_logprobs(directory, native, random_tokens(24, seed=3))
