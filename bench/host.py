@@ -110,6 +110,8 @@ class CellResult:
     requests: int
     resent: int
     others_cores: float  # CPU the rest of the machine used meanwhile, in cores
+    engine_cores: float  # CPU of the process that runs the engine (the worker, or the engine
+    # process under --api-server-count), in cores
 
     @property
     def tokens_per_s(self) -> float:
@@ -123,13 +125,17 @@ class CellResult:
 class HostServer:
     """A running `bench/host_server.py`: its URL and its processes' CPU time."""
 
-    def __init__(self, url: str, process: subprocess.Popen) -> None:
+    def __init__(self, url: str, process: subprocess.Popen, tally_url: str | None = None) -> None:
         self.url = url
+        self.tally_url = tally_url or f"{url}/bench/executor"
         self._master = psutil.Process(process.pid)
 
     @property
     def worker_pid(self) -> int:
-        return self._master.children()[0].pid
+        """The process to profile: the engine process where there is one, else the worker."""
+        children = self._master.children()
+        engines = [child for child in children if "--engine-process" in child.cmdline()]
+        return (engines or children)[0].pid
 
     def cpu_seconds(self) -> float:
         processes = [self._master, *self._master.children(recursive=True)]
@@ -140,18 +146,24 @@ class HostServer:
         server_cpu_s, client_cpu_s = self.cpu_seconds(), time.process_time()
         machine = psutil.cpu_times()
         busy_s = machine.user + machine.nice + machine.system + machine.irq + machine.softirq
-        async with session.get(f"{self.url}/bench/executor") as response:
+        async with session.get(self.tally_url) as response:
             executor = await response.json()
         return Snapshot(at, server_cpu_s, client_cpu_s, busy_s, executor)
 
 
 @contextmanager
 def host_server(
-    step_ms: float, max_num_seqs: int, torch_threads: int | None = None, overlapped: bool = False
+    step_ms: float,
+    max_num_seqs: int,
+    torch_threads: int | None = None,
+    overlapped: bool = False,
+    api_servers: int = 1,
 ) -> Iterator[HostServer]:
-    """`bench/host_server.py` on a free port, stopped when the block ends."""
+    """`bench/host_server.py` on a free port, stopped when the block ends; with `api_servers`
+    above 1, an engine process and that many API processes (its tally on a port of its own)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    tally_port = free_port() if api_servers > 1 else None
     with tempfile.TemporaryDirectory(prefix="helios-host-bench-") as workdir:
         log_path = Path(workdir) / "server.log"
         environment = dict(os.environ, TOKENIZERS_PARALLELISM="false")
@@ -166,10 +178,13 @@ def host_server(
             str(max_num_seqs),
             *(["--torch-threads", str(torch_threads)] if torch_threads else []),
             *(["--async-scheduling"] if overlapped else []),
+            *(["--api-server-count", str(api_servers)] if api_servers > 1 else []),
+            *(["--tally-port", str(tally_port)] if tally_port else []),
         ]
+        tally_url = f"http://127.0.0.1:{tally_port}/bench/executor" if tally_port else None
         try:
             with server_process(command, url, log_path, environment) as process:
-                yield HostServer(url, process)
+                yield HostServer(url, process, tally_url)
         except BaseException:
             tail = log_path.read_text(errors="replace").splitlines()[-40:]
             print("the server's log ends:", *tail, sep="\n", file=sys.stderr)
@@ -344,6 +359,7 @@ def measured(cell: Cell, seen: Arrivals, before: Snapshot, after: Snapshot) -> C
             - (after.client_cpu_s - before.client_cpu_s)
         )
         / (after.at - before.at),
+        (new["process_cpu_s"] - old["process_cpu_s"]) / (after.at - before.at),
     )
 
 
@@ -440,8 +456,8 @@ def table(results: list[CellResult], step_ms: float) -> str:
         "| mode | clients | logprobs | tok/s | client tok/s | steps/s | ideal steps/s "
         "| lanes/step | ITL mean ms | ITL p50 ms | ITL p99 ms | server CPU s/1k tok "
         "| client CPU s/1k tok | executor CPU ms/step | same, steps >= 56 lanes "
-        "| other processes' CPU (cores) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| engine's process CPU ms/step | other processes' CPU (cores) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         per_k = 1000 / r.tokens if r.tokens else float("nan")
@@ -453,7 +469,7 @@ def table(results: list[CellResult], step_ms: float) -> str:
             f"| {_ms(r.gaps_ms)} | {_ms(r.gaps_ms, 0.5)} | {_ms(r.gaps_ms, 0.99)} "
             f"| {r.server_cpu_s * per_k:.3f} | {r.client_cpu_s * per_k:.3f} "
             f"| {1000 * r.executor_host_s / max(r.steps, 1):.2f} | {wide} "
-            f"| {r.others_cores:.2f} |"
+            f"| {1000 * r.engine_cores / max(r.steps_per_s, 1e-9):.2f} | {r.others_cores:.2f} |"
         )
     return "\n".join(lines)
 
@@ -507,8 +523,10 @@ async def bench_step(
             f"logprobs {cell.variant}: "
             f"{result.tokens_per_s:,.0f} tok/s ({result.delivered / result.seconds:,.0f} "
             f"delivered), {result.steps_per_s:.0f} steps/s, {result.requests} requests"
-            f"{f', {result.resent} resent' if result.resent else ''}, other processes "
-            f"{result.others_cores:.2f} cores",
+            f"{f', {result.resent} resent' if result.resent else ''}; cores: the engine's "
+            f"process {result.engine_cores:.2f}, "
+            f"server {result.server_cpu_s / result.seconds:.2f}, "
+            f"other processes {result.others_cores:.2f}",
             file=sys.stderr,
         )
         results.append(result)
@@ -652,6 +670,12 @@ def main() -> int:
         default=["sync"],
         help="sync, async or sync,async: one server each, `--async-scheduling` for async",
     )
+    parser.add_argument(
+        "--api-server-count",
+        type=int,
+        default=1,
+        help="API processes over one engine process, as `helios serve --api-server-count N`",
+    )
     parser.add_argument("--micro", action="store_true", help="time the executor in-process")
     parser.add_argument("--micro-lanes", type=int, default=60)
     parser.add_argument("--micro-steps", type=int, default=200)
@@ -662,7 +686,8 @@ def main() -> int:
     print(
         f"bench/host.py: {args.endpoint} endpoint, {args.max_tokens} tokens a request, "
         f"{args.seconds:g} s window after {args.warmup:g} s warm-up per cell; torch threads "
-        f"in the server: {args.torch_threads or 'default'}; "
+        f"in the server: {args.torch_threads or 'default'}; API processes: "
+        f"{args.api_server_count}; "
         f"{platform.machine()}, {os.cpu_count()} CPUs, load average "
         f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} at start"
     )
@@ -670,7 +695,9 @@ def main() -> int:
         by_mode = {}
         for scheduling in args.scheduling:
             overlapped = scheduling == "async"
-            with host_server(step_ms, max(args.clients), args.torch_threads, overlapped) as server:
+            with host_server(
+                step_ms, max(args.clients), args.torch_threads, overlapped, args.api_server_count
+            ) as server:
                 by_mode[scheduling] = asyncio.run(bench_step(server, step_ms, args, scheduling))
         if len(by_mode) > 1:
             print(f"\n### step {step_ms:g} ms: async scheduling over sync, same run\n")

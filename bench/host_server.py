@@ -5,13 +5,29 @@ the simulated executor of `bench/simulated_executor.py` (the real SmolLM2 tokeni
 --step-ms 7`. Besides the production routes it serves `GET /bench/executor`: the executor's
 bookkeeping tally (steps, lanes, tokens, host seconds) as JSON, which the bench reads before and
 after each measurement.
+
+With `--api-server-count N` (N > 1) it runs as `helios serve --api-server-count N` does: an
+engine process (here this file with `--engine-process`: the simulated executor's engine behind
+the production `EngineServer`) and N gunicorn workers, each the production API-process app
+(`adapters.cli.asgi.create_app`, a `RemoteEngine` over the engine socket). The tally is then
+served by the engine process on `--tally-port`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
+import threading
+import time
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import falcon
@@ -23,21 +39,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from simulated_executor import TEXT, SimulatedExecutor  # noqa: E402
 
+from adapters.cli.asgi import create_app as create_api_process_app  # noqa: E402
 from adapters.cli.bootstrap import DEFAULT_MODEL_NAME  # noqa: E402
+from adapters.cli.engine_supervisor import AUTHKEY_VARIABLE, EngineProcess  # noqa: E402
 from adapters.cli.engine_thread import EngineLoop  # noqa: E402
 from adapters.cli.serve_config import ServeConfig  # noqa: E402
 from adapters.core.export import CoreSizes, resolve_core  # noqa: E402
 from adapters.core.manifest import LoadedCore  # noqa: E402
+from adapters.engine_ipc.messages import Hello  # noqa: E402
+from adapters.engine_ipc.server import EngineServer  # noqa: E402
 from adapters.gpu.background_executor import BackgroundExecutor  # noqa: E402
 from adapters.gpu.model.config import ModelConfig  # noqa: E402
 from adapters.http.app import create_app  # noqa: E402
 from adapters.http.serving import HttpSettings, ModelHolder, ServedModel  # noqa: E402
 from adapters.metrics.prometheus import PrometheusMetrics  # noqa: E402
+from adapters.metrics.registry import enable_multiprocess  # noqa: E402
 from adapters.tokenizer.hf import HfTokenizer  # noqa: E402
 from domain.cache.blocks import blocks_needed  # noqa: E402
 from domain.contract.geometry import ExecutorGeometry  # noqa: E402
 from domain.contract.records import resolve_token_capacity  # noqa: E402
 from domain.engine.engine import Engine, EngineConfig  # noqa: E402
+from domain.responses.store import ResponseStore  # noqa: E402
 
 BLOCK_SIZE = 16
 
@@ -77,11 +99,11 @@ def simulated_executor(
     return SimulatedExecutor(geometry, text_ids, settings.step_ms / 1000)
 
 
-def load_simulated_model(
+def start_simulated_engine(
     settings: HostSettings, metrics: PrometheusMetrics, executors: list[SimulatedExecutor]
-) -> ServedModel:
-    """What `adapters.cli.asgi.load_served_model` builds, with the simulated executor (kept in
-    `executors` for the stats route) and no grammar compiler (constrained requests get a 400)."""
+) -> tuple[Engine, HfTokenizer, LoadedCore, EngineLoop]:
+    """The simulated executor (kept in `executors` for the tally) under the production engine,
+    its loop started; `metrics` hears the engine's steps."""
     core = resolve_core(None, CoreSizes(settings.max_num_seqs))
     tokenizer = HfTokenizer.from_dir(core.model_dir)
     if settings.torch_threads is not None:
@@ -93,6 +115,15 @@ def load_simulated_model(
     engine = Engine(runner, tokenizer, config, observer=metrics)
     loop = EngineLoop(engine)
     loop.start()
+    return engine, tokenizer, core, loop
+
+
+def load_simulated_model(
+    settings: HostSettings, metrics: PrometheusMetrics, executors: list[SimulatedExecutor]
+) -> ServedModel:
+    """What `adapters.cli.asgi.load_served_model` builds, with the simulated executor and no
+    grammar compiler (constrained requests get a 400)."""
+    engine, tokenizer, _, loop = start_simulated_engine(settings, metrics, executors)
     return ServedModel(
         name=DEFAULT_MODEL_NAME,
         tokenizer=tokenizer,
@@ -101,6 +132,56 @@ def load_simulated_model(
         parsers=ServeConfig().parsers,
         stop=loop.stop,
     )
+
+
+def run_engine_process(settings: HostSettings, address: str, tally_port: int) -> None:
+    """What `adapters.cli.engine_process` runs, over the simulated executor: the engine and a
+    Responses store behind the engine socket, until SIGTERM; the tally on `tally_port`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda number, frame: stopping.set())
+    executors: list[SimulatedExecutor] = []
+    metrics = PrometheusMetrics(DEFAULT_MODEL_NAME)
+    engine, _, core, loop = start_simulated_engine(settings, metrics, executors)
+    hello = Hello(
+        name=DEFAULT_MODEL_NAME,
+        model_dir=str(core.model_dir),
+        max_model_len=engine.max_model_len,
+        limits=engine.logprob_limits,
+        engine_pid=os.getpid(),
+    )
+    authkey = bytes.fromhex(os.environ[AUTHKEY_VARIABLE])
+    server = EngineServer(engine, hello, ResponseStore(), address, authkey)
+    server.start()
+    tally = _tally_server(tally_port, executors[0])
+    threading.Thread(target=tally.serve_forever, name="bench-tally", daemon=True).start()
+    stopping.wait()
+    tally.shutdown()
+    server.close()
+    loop.stop()
+
+
+def _tally(executor: SimulatedExecutor) -> dict[str, float]:
+    """The executor's tally and the CPU seconds of the process that runs the engine."""
+    return {**executor.tally.snapshot(), "process_cpu_s": time.process_time()}
+
+
+def _tally_server(port: int, executor: SimulatedExecutor) -> ThreadingHTTPServer:
+    """`GET /bench/executor` of the engine process: the tally as JSON."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = json.dumps(_tally(executor)).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            pass
+
+    return ThreadingHTTPServer(("127.0.0.1", port), Handler)
 
 
 class _ExecutorTally:
@@ -112,7 +193,7 @@ class _ExecutorTally:
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         if not self._executors:
             raise falcon.HTTPServiceUnavailable(description="the model is still loading")
-        resp.media = self._executors[0].tally.snapshot()
+        resp.media = _tally(self._executors[0])
 
 
 def create_bench_app(settings: HostSettings) -> falcon.asgi.App:
@@ -126,11 +207,18 @@ def create_bench_app(settings: HostSettings) -> falcon.asgi.App:
 
 
 class _Gunicorn(BaseApplication):
-    """gunicorn as `helios serve` runs it (one asgi worker, the app built after the fork)."""
+    """gunicorn as `helios serve` runs it (asgi workers, the app built after the fork): the
+    bench app over an in-process engine, or with `api_config` the production API-process app."""
 
-    def __init__(self, options: dict[str, object], settings: HostSettings) -> None:
+    def __init__(
+        self,
+        options: dict[str, object],
+        settings: HostSettings,
+        api_config: ServeConfig | None = None,
+    ) -> None:
         self._options = options
         self._settings = settings
+        self._api_config = api_config
         super().__init__()
 
     def load_config(self) -> None:
@@ -138,7 +226,52 @@ class _Gunicorn(BaseApplication):
             self.cfg.set(name, value)
 
     def load(self) -> falcon.asgi.App:
+        if self._api_config is not None:
+            return create_api_process_app(self._api_config)
         return create_bench_app(self._settings)
+
+
+def _gunicorn_options(host: str, port: int, workers: int) -> dict[str, object]:
+    return {
+        "bind": f"{host}:{port}",
+        "worker_class": "asgi",
+        "workers": workers,
+        "timeout": 300,
+        "graceful_timeout": 10,
+        "preload_app": False,
+        "accesslog": "-",
+        "control_socket_disable": True,
+    }
+
+
+def run_api_servers(settings: HostSettings, args: argparse.Namespace) -> None:
+    """`helios serve --api-server-count N`'s layout: this file as the engine process, N API
+    processes under gunicorn, metrics in multiprocess files."""
+    metrics_directory = tempfile.mkdtemp(prefix="helios-bench-metrics-")
+    enable_multiprocess(metrics_directory)
+    directory, address = EngineProcess.socket_address()
+    os.environ[AUTHKEY_VARIABLE] = secrets.token_hex(32)
+    command = [
+        sys.executable,
+        __file__,
+        "--engine-process",
+        address,
+        *sys.argv[1:],
+    ]
+    engine = subprocess.Popen(command, env=dict(os.environ))
+    config = ServeConfig(
+        api_server_count=args.api_server_count,
+        engine_address=address,
+        async_scheduling=args.async_scheduling,
+    )
+    try:
+        options = _gunicorn_options(args.host, args.port, args.api_server_count)
+        _Gunicorn(options, settings, config).run()
+    finally:
+        engine.terminate()
+        engine.wait(timeout=30)
+        shutil.rmtree(directory, ignore_errors=True)
+        shutil.rmtree(metrics_directory, ignore_errors=True)
 
 
 def main() -> int:
@@ -151,6 +284,11 @@ def main() -> int:
     parser.add_argument("--max-num-batched-tokens", type=int, default=512)
     parser.add_argument("--torch-threads", type=int, default=None)
     parser.add_argument("--async-scheduling", action="store_true")
+    parser.add_argument("--api-server-count", type=int, default=1)
+    parser.add_argument(
+        "--tally-port", type=int, default=None, help="with --api-server-count N > 1: the tally"
+    )
+    parser.add_argument("--engine-process", metavar="ADDRESS", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     engine = EngineConfig(
         max_num_seqs=args.max_num_seqs,
@@ -158,19 +296,15 @@ def main() -> int:
         async_scheduling=args.async_scheduling,
     )
     settings = HostSettings(args.step_ms, args.max_model_len, args.torch_threads, engine)
-    _Gunicorn(
-        {
-            "bind": f"{args.host}:{args.port}",
-            "worker_class": "asgi",
-            "workers": 1,
-            "timeout": 300,
-            "graceful_timeout": 10,
-            "preload_app": False,
-            "accesslog": "-",
-            "control_socket_disable": True,
-        },
-        settings,
-    ).run()
+    if args.engine_process is not None:
+        run_engine_process(settings, args.engine_process, args.tally_port)
+        return 0
+    if args.api_server_count > 1:
+        if args.tally_port is None:
+            parser.error("--api-server-count above 1 needs --tally-port")
+        run_api_servers(settings, args)
+        return 0
+    _Gunicorn(_gunicorn_options(args.host, args.port, 1), settings).run()
     return 0
 
 

@@ -234,10 +234,13 @@ class _Session:
         return self._engine.check(request)
 
     def _mark(self, request_id: str) -> None:
-        """Runs on the engine thread: only notes the channel for the writer."""
+        """Runs on the engine thread: only notes the channel for the writer, waking it when
+        the first channel of a burst is noted (it takes all noted ones at once)."""
         with self._state:
+            first = not self._ready
             self._ready[request_id] = None
-            self._state.notify()
+            if first:
+                self._state.notify()
 
     def _write(self) -> None:
         while True:

