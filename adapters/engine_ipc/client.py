@@ -10,6 +10,7 @@ import time
 from multiprocessing.connection import Client, Connection
 
 from adapters.engine_ipc import messages as m
+from adapters.engine_ipc.outputs_codec import Output, decode_outputs
 from domain.common.errors import DomainError, UnavailableError, UnhealthyError
 from domain.emission.channel import OutputChannel
 from domain.emission.outputs import RequestEnd, Usage
@@ -124,7 +125,7 @@ class EngineLink:
                 message = self._connection.recv()
                 kind = message[0]
                 if kind == m.OUTPUTS:
-                    self._route(message[1])
+                    self._route(decode_outputs(message[1]))
                 elif kind in (m.REPLY, m.FAILED):
                     self._answer(kind, message[1], message[2])
         except (EOFError, OSError):
@@ -136,14 +137,14 @@ class EngineLink:
             with self._send_lock:
                 self._connection.close()
 
-    def _route(self, batch: list[tuple[str, object]]) -> None:
+    def _route(self, batch: list[tuple[str, Output]]) -> None:
         for request_id, item in batch:
             with self._lock:
                 channel = self._channels.get(request_id)
                 if isinstance(item, RequestEnd):
                     self._channels.pop(request_id, None)
             if channel is not None:
-                channel.put(item)  # type: ignore[arg-type]
+                channel.put(item)
 
     def _answer(self, kind: str, number: int, value: object) -> None:
         with self._lock:

@@ -41,7 +41,8 @@ HEALTH = "health"  # (call,): why the model can no longer run, or None
 HELLO = "hello"  # (Hello,): first message on every connection
 REPLY = "reply"  # (call, value)
 FAILED = "failed"  # (call, WireError)
-OUTPUTS = "outputs"  # ([(request_id, ChoiceDelta | PromptScores | RequestEnd), ...],)
+# ([(request_id, ChoiceDelta | PromptScores | RequestEnd), ...] as `outputs_codec` writes it,)
+OUTPUTS = "outputs"
 
 # A reply that never comes (a wedged engine process) fails the call after this long, so that
 # no HTTP request waits forever; a grammar check may take its compile budget on top.

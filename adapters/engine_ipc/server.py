@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, Listener
 
 from adapters.engine_ipc import messages as m
+from adapters.engine_ipc.outputs_codec import Output, encode_outputs
 from domain.emission.channel import OutputChannel
 from domain.emission.outputs import RequestEnd
 from domain.requests.engine_request import CheckedRequest, EngineRequest
@@ -252,7 +253,7 @@ class _Session:
                 ready = list(self._ready)
                 self._ready.clear()
                 channels = [(rid, self._live.get(rid)) for rid in ready]
-            batch: list[tuple[str, object]] = []
+            batch: list[tuple[str, Output]] = []
             for request_id, channel in channels:
                 if channel is None:
                     continue
@@ -264,6 +265,6 @@ class _Session:
             if not batch:
                 continue
             try:
-                self._send(m.OUTPUTS, batch)
+                self._send(m.OUTPUTS, encode_outputs(batch))
             except OSError:
                 return

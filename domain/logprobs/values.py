@@ -7,6 +7,7 @@ import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from domain.common.ranges import TOKEN_ID, check_logprob_count
 from domain.common.wire import REPR_FIXED_FROM, wire_float
@@ -69,13 +70,23 @@ class PositionLogprobs:
     @classmethod
     def of_pairs(cls, chosen: TokenLogprob, words: Sequence[int | float]) -> PositionLogprobs:
         """From alternating (ID, value) words, up to the first -1 ID."""
-        ids = tuple(words[0::2])
+        ids = cast(tuple[int, ...], tuple(words[0::2]))
         if NO_TOKEN in ids:
             ids = ids[: ids.index(NO_TOKEN)]
+        values = cast(tuple[float, ...], tuple(words[1 : 2 * len(ids) : 2]))
+        return cls.of_columns(chosen, ids, values)
+
+    @classmethod
+    def of_columns(
+        cls, chosen: TokenLogprob, ids: tuple[int, ...], logprobs: tuple[float, ...]
+    ) -> PositionLogprobs:
+        """From the alternatives' IDs and values as two tuples of one length."""
+        if len(ids) != len(logprobs):
+            raise ValueError(f"{len(ids)} alternative IDs but {len(logprobs)} values")
         position: PositionLogprobs = object.__new__(cls)
         object.__setattr__(position, "chosen", chosen)
         object.__setattr__(position, "alternative_ids", ids)
-        object.__setattr__(position, "alternative_logprobs", tuple(words[1 : 2 * len(ids) : 2]))
+        object.__setattr__(position, "alternative_logprobs", logprobs)
         return position
 
     @property
