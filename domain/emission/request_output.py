@@ -34,7 +34,12 @@ class RequestOutput:
 
     @property
     def done(self) -> bool:
-        return all(choice.finished for choice in self._choices)
+        # A loop, not `all(genexpr)`: asked twice a lane a step, the generator was 4% of the
+        # engine thread at 64 lanes.
+        for choice in self._choices:  # noqa: SIM110
+            if not choice.finished:
+                return False
+        return True
 
     def advance(
         self, index: int, record: CompletionRecord, payload: Sequence[PositionLogprobs] | None

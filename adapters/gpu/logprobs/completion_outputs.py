@@ -68,6 +68,9 @@ class CompletionOutputs:
         # The logits lanes this rank reduces: the vocabulary, or its shard of it.
         self._width = geometry.vocab_size if split is None else split.vocab[1] - split.vocab[0]
         self._records = torch.zeros((2, capacity, HEADER_WORDS + tokens), dtype=torch.int64)
+        # Host memory always: written and read through numpy, a third of torch's cost per
+        # indexed copy of 64 lists (35 against 99 us a step to write, 13 against 28 to read).
+        self._record_words = self._records.numpy()
         self._lanes: list[tuple[int, ...]] = [(), ()]
         self._requests: list[_FrameRequests | None] = [None, None]
         self.buffers: LogprobBuffers | None = None
@@ -172,13 +175,13 @@ class CompletionOutputs:
         slots = [record.slot for record in records]
         if records:
             words = [record.encode(capacity) for record in records]
-            self._records[frame, slots] = torch.tensor(words, dtype=torch.int64)
+            self._record_words[frame, slots] = words
         self._lanes[frame] = tuple(slots)
 
     def read(self, frame: int) -> FrameResult:
         """Decodes the frame's records and, for requesting lanes only, their emitted positions."""
         lanes, requests = self._lanes[frame], self._requests[frame]
-        rows = self._records[frame, list(lanes)].tolist() if lanes else []
+        rows = self._record_words[frame, list(lanes)].tolist() if lanes else []
         records = tuple(CompletionRecord.decode(words) for words in rows)
         self._lanes[frame], self._requests[frame] = (), None
         if requests is None or self.buffers is None:
