@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from pathlib import Path
 
 import torch
+
+from adapters.gpu.native_library import load_native
 
 LIBRARY = Path(__file__).with_name("native") / "libhelios_reduction.so"
 SWITCH = "HELIOS_NATIVE_REDUCTION"  # "0" keeps every reduction on the torch recipe
@@ -31,9 +32,9 @@ _INT64, _POINTER = ctypes.c_int64, ctypes.c_void_p
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The loaded library, or None when it is switched off or was not built."""
-    if os.environ.get(SWITCH, "1") == "0" or not LIBRARY.is_file():
+    loaded = load_native(LIBRARY, SWITCH)
+    if loaded is None:
         return None
-    loaded = ctypes.CDLL(str(LIBRARY))  # a CDLL call releases the GIL while it runs
     # Each kernel's leading arguments: rows, row count, lanes a row, row stride.
     loaded.helios_tile_statistics.argtypes = [_POINTER, _INT64, _INT64, _INT64, _POINTER, _POINTER]
     loaded.helios_combine_tiles.argtypes = [_POINTER, _POINTER, _INT64, _INT64, _POINTER]

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+
+from adapters.gpu.native_library import load_native
 
 LIBRARY = Path(__file__).with_name("native") / "libhelios_gemm.so"
 SWITCH = "HELIOS_NATIVE_GEMM"  # "0" keeps every invariant linear layer on the padded GEMM
@@ -35,9 +36,9 @@ _INT64, _POINTER = ctypes.c_int64, ctypes.c_void_p
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The loaded library, or None when it is switched off or was not built."""
-    if os.environ.get(SWITCH, "1") == "0" or not LIBRARY.is_file():
+    loaded = load_native(LIBRARY, SWITCH)
+    if loaded is None:
         return None
-    loaded = ctypes.CDLL(str(LIBRARY))  # a CDLL call releases the GIL while it runs
     loaded.helios_rows_times_weight.argtypes = [
         *(_POINTER, _INT64, _INT64, _INT64),  # rows, count, inner, row stride
         *(_POINTER, _INT64, _POINTER),  # weight, weight stride, bias (or NULL)
