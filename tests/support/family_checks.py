@@ -112,10 +112,15 @@ def blocks_for(positions: int, seed: int) -> tuple[int, ...]:
 
 
 def chunked_logits(
-    model: DecoderModel, tokens: Sequence[int], sizes: Sequence[int]
+    model: DecoderModel,
+    tokens: Sequence[int],
+    sizes: Sequence[int],
+    blocks: tuple[int, ...] | None = None,
 ) -> torch.Tensor:
-    """Logits of `tokens` fed in chunks of `sizes` (then one token at a time) over one cache."""
-    blocks = blocks_for(len(tokens), seed=len(sizes))
+    """Logits of `tokens` fed in chunks of `sizes` (then one token at a time) over one cache,
+    in `blocks` (by default scrambled ones, `blocks_for`)."""
+    if blocks is None:
+        blocks = blocks_for(len(tokens), seed=len(sizes))
     cache = new_cache(model)
     rows, start = [], 0
     for size in [*sizes, *([1] * len(tokens))]:
