@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,3 +26,11 @@ def load_native(path: Path, switch: str, signatures: Mapping[str, Signature]) ->
         function.argtypes = list(arguments)
         function.restype = result
     return loaded
+
+
+def cached_loader(
+    path: Path, switch: str, signatures: Mapping[str, Signature]
+) -> Callable[[], ctypes.CDLL | None]:
+    """A function that loads the library (`load_native`) on its first call and answers that
+    same library, or None, on every later one."""
+    return functools.cache(functools.partial(load_native, path, switch, signatures))

@@ -15,13 +15,11 @@ zero maximum of both signs).
 
 from __future__ import annotations
 
-import ctypes
-import functools
 from pathlib import Path
 
 import torch
 
-from adapters.gpu.native_library import INT, INT64, POINTER, Signature, load_native
+from adapters.gpu.native_library import INT, INT64, POINTER, Signature, cached_loader
 
 LIBRARY = Path(__file__).with_name("native") / "libhelios_reduction.so"
 SWITCH = "HELIOS_NATIVE_REDUCTION"  # "0" keeps every reduction on the torch recipe
@@ -39,11 +37,8 @@ _SIGNATURES: dict[str, Signature] = {
     "helios_vector_width": ([INT], INT),
 }
 
-
-@functools.cache
-def library() -> ctypes.CDLL | None:
-    """The loaded library, or None when it is switched off or was not built."""
-    return load_native(LIBRARY, SWITCH, _SIGNATURES)
+# The loaded library, or None when it is switched off or was not built.
+library = cached_loader(LIBRARY, SWITCH, _SIGNATURES)
 
 
 def _rows(tensor: torch.Tensor) -> bool:

@@ -13,15 +13,13 @@ runs one kernel for every row of a model.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
-from adapters.gpu.native_library import FLOAT, INT, INT64, POINTER, Signature, load_native
+from adapters.gpu.native_library import FLOAT, INT, INT64, POINTER, Signature, cached_loader
 
 LIBRARY = Path(__file__).with_name("native") / "libhelios_gemm.so"
 SWITCH = "HELIOS_NATIVE_GEMM"  # "0" keeps every invariant linear layer on the padded GEMM
@@ -54,11 +52,8 @@ _SIGNATURES: dict[str, Signature] = {
     "helios_gemm_width": ([INT], INT),
 }
 
-
-@functools.cache
-def library() -> ctypes.CDLL | None:
-    """The loaded library, or None when it is switched off or was not built."""
-    return load_native(LIBRARY, SWITCH, _SIGNATURES)
+# The loaded library, or None when it is switched off or was not built.
+library = cached_loader(LIBRARY, SWITCH, _SIGNATURES)
 
 
 def applies(weight: torch.Tensor) -> bool:

@@ -1,4 +1,5 @@
-"""The family tests' checkpoints: a module names its `family` fixture, these build from it."""
+"""The family tests' checkpoints: a module names its family in FAMILY (or parametrizes the
+`family` fixture), these fixtures build it once a module."""
 
 from __future__ import annotations
 
@@ -8,6 +9,12 @@ import pytest
 import torch
 
 from tests.support import family_checks as checks
+
+
+@pytest.fixture(scope="module")
+def family(request: pytest.FixtureRequest) -> checks.Family:
+    """The checks.FAMILIES entry the module names in FAMILY."""
+    return checks.FAMILIES[request.module.FAMILY]
 
 
 @pytest.fixture(scope="module")

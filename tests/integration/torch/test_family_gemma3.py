@@ -17,12 +17,9 @@ from tests.support.gguf_vocab import sentencepiece_vocabulary
 
 pytestmark = pytest.mark.model
 
+FAMILY = "gemma3"  # the checks.FAMILIES entry the conftest fixtures build
+
 PROMPT = checks.FAMILY_PROMPT
-
-
-@pytest.fixture(scope="module")
-def family() -> checks.Family:
-    return checks.FAMILIES["gemma3"]
 
 
 def test_the_config_reads_the_gemma_layout(family_dir: Path) -> None:

@@ -21,13 +21,10 @@ from tests.support.gguf_vocab import (
 
 pytestmark = pytest.mark.model
 
+FAMILY = "phi3"  # the checks.FAMILIES entry the conftest fixtures build
+
 PROMPT = checks.FAMILY_PROMPT
 ORIGINAL = 16  # the tiny model's original_max_position_embeddings; PROMPT is longer
-
-
-@pytest.fixture(scope="module")
-def family() -> checks.Family:
-    return checks.FAMILIES["phi3"]
 
 
 def test_the_config_reads_longrope_and_the_window_of_every_layer(family_dir: Path) -> None:
