@@ -37,6 +37,16 @@ def _refusal(model: Path | str, runner: RunnerSettings = _RUNNER) -> str:
     return message
 
 
+def _refused_alike(broken: Path, error: type[Exception]) -> str:
+    """The start-up check's refusal of `broken`, which the loader raises as `error` word for
+    word."""
+    message = _refusal(broken)
+    with pytest.raises(error) as loading:
+        load_model(broken, dtype=torch.float32, device="cpu")
+    assert str(loading.value) == message
+    return message
+
+
 def test_a_good_checkpoint_passes_with_the_config_the_loader_reads(good_dir: Path) -> None:
     config = check_models(str(good_dir), _RUNNER)
     assert config == load_model(good_dir, dtype=torch.float32, device="cpu").config
@@ -47,11 +57,8 @@ def test_a_missing_tensor_is_named_alike_by_the_check_and_the_loader(
 ) -> None:
     broken = broken_copy(good_dir, tmp_path / "missing")
     edit_tensors(broken, drop="model.layers.1.mlp.down_proj.weight")
-    message = _refusal(broken)
+    message = _refused_alike(broken, MissingTensorError)
     assert message == f"checkpoint in {broken} lacks tensor 'model.layers.1.mlp.down_proj.weight'"
-    with pytest.raises(MissingTensorError) as loading:
-        load_model(broken, dtype=torch.float32, device="cpu")
-    assert str(loading.value) == message
 
 
 def test_a_wrong_shape_names_the_file_the_tensor_and_both_shapes(
@@ -63,10 +70,7 @@ def test_a_wrong_shape_names_the_file_the_tensor_and_both_shapes(
         f"{broken / 'model.safetensors'}: tensor 'model.layers.0.self_attn.k_proj.weight' "
         "has shape (30, 64), expected (32, 64)"
     )
-    assert _refusal(broken) == expected
-    with pytest.raises(ShapeMismatchError) as loading:
-        load_model(broken, dtype=torch.float32, device="cpu")
-    assert str(loading.value) == expected
+    assert _refused_alike(broken, ShapeMismatchError) == expected
 
 
 def test_an_unknown_architecture_and_a_garbled_config_name_the_config_file(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Collection
+from typing import Any
 
 from domain.emission.outputs import ChoiceDelta, PromptScores, RequestEnd
 from domain.engine.engine import Engine
@@ -86,3 +87,27 @@ def whole_outputs(items: list) -> tuple:
     assert isinstance(end, RequestEnd)
     end = dataclasses.replace(end, usage=dataclasses.replace(end.usage, cached_tokens=0))
     return tuple(sorted(choices.items())), scores, end
+
+
+def logprob_records(items: list, ranks: bool = False) -> dict[str, list[Any]]:
+    """A request's channel items as plain values to compare between runs: its generated
+    `tokens`, each token's (id, logprob) `entries` (the chosen one first, then its
+    alternatives), and each `prompt` score's (id, logprob), with its rank when `ranks`, followed
+    by its alternatives."""
+    found: dict[str, list[Any]] = {"tokens": [], "entries": [], "prompt": []}
+    for item in items:
+        if isinstance(item, ChoiceDelta):
+            found["tokens"] += item.token_ids
+            for entry in item.logprobs:
+                position = entry.position
+                found["entries"].append(
+                    [(p.token_id, p.logprob) for p in (position.chosen, *position.alternatives)]
+                )
+        elif isinstance(item, PromptScores):
+            for score in item.scores:
+                own = (score.token_id, score.logprob, score.rank)
+                found["prompt"].append(
+                    [own if ranks else own[:2]]
+                    + [(a.token_id, a.logprob) for a in score.alternatives]
+                )
+    return found

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from adapters.gpu.loading.default_model import resolve_model_dir
+from adapters.gpu.loading.weights import load_model
 from adapters.gpu.model.decoder import DecoderModel
 from adapters.gpu.model.forward_batch import ForwardBatch, SequenceChunk
 from adapters.gpu.model.kv_cache import PagedKVCache
+from adapters.tokenizer.hf import HfTokenizer
 from domain.contract.capabilities import LogprobCapability, scored_capacities
 from domain.emission.outputs import ChoiceDelta, PromptScores
 from domain.logprobs.rules import LogprobAsk
@@ -18,6 +23,10 @@ from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams
 from tests.support.draining import drain
 from tests.support.engines import build_engine
+from tests.support.gguf_files import write_gguf
+from tests.support.gguf_vocab import GgufVocabulary
+from tests.support.tiny_models import build_tiny_gemma3, build_tiny_phi3, build_tiny_qwen3
+from tests.support.tokenizers import build_byte_level_bpe
 
 VOCAB = 320
 BLOCK_SIZE = 4
@@ -32,9 +41,46 @@ BFLOAT16_LOGPROB_ATOL = 0.1
 CPU = torch.device("cpu")
 
 
+@dataclass(frozen=True)
+class Family:
+    """A dense family as the family tests build it: a tiny random checkpoint of VOCAB tokens
+    with a byte-level BPE tokenizer, and the names transformers and GGUF give it."""
+
+    name: str  # the test ID, and the GGUF architecture name
+    architecture: str  # config.json's architectures[0]
+    build: Callable[..., Path]  # a tests.support.tiny_models builder
+    seed: int
+    options: Mapping[str, object] = field(default_factory=dict)  # more builder arguments
+    # A decisive head is its own matrix; families that tie it by default untie it then.
+    ties_by_default: bool = False
+
+    def checkpoint(self, directory: Path, dtype: torch.dtype, decisive: bool = False) -> Path:
+        untied = {"tie_word_embeddings": False} if decisive and self.ties_by_default else {}
+        settings = {**self.options, **untied}
+        self.build(
+            directory, vocab_size=VOCAB, seed=self.seed, dtype=dtype, decisive=decisive, **settings
+        )
+        build_byte_level_bpe(directory, vocab_size=VOCAB)
+        return directory
+
+
+FAMILIES = {
+    family.name: family
+    for family in (
+        Family("qwen3", "Qwen3ForCausalLM", build_tiny_qwen3, seed=4),
+        Family("phi3", "Phi3ForCausalLM", build_tiny_phi3, seed=5, options={"sliding_window": 8}),
+        Family("gemma3", "Gemma3ForCausalLM", build_tiny_gemma3, seed=4, ties_by_default=True),
+    )
+}
+
+
 def random_tokens(count: int, seed: int) -> list[int]:
     generator = random.Random(seed)
     return [generator.randrange(VOCAB) for _ in range(count)]
+
+
+# The prompt every family test feeds a FAMILIES checkpoint.
+FAMILY_PROMPT = random_tokens(24, seed=3)
 
 
 def reference_model(directory: Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
@@ -66,10 +112,15 @@ def blocks_for(positions: int, seed: int) -> tuple[int, ...]:
 
 
 def chunked_logits(
-    model: DecoderModel, tokens: Sequence[int], sizes: Sequence[int]
+    model: DecoderModel,
+    tokens: Sequence[int],
+    sizes: Sequence[int],
+    blocks: tuple[int, ...] | None = None,
 ) -> torch.Tensor:
-    """Logits of `tokens` fed in chunks of `sizes` (then one token at a time) over one cache."""
-    blocks = blocks_for(len(tokens), seed=len(sizes))
+    """Logits of `tokens` fed in chunks of `sizes` (then one token at a time) over one cache,
+    in `blocks` (by default scrambled ones, `blocks_for`)."""
+    if blocks is None:
+        blocks = blocks_for(len(tokens), seed=len(sizes))
     cache = new_cache(model)
     rows, start = [], 0
     for size in [*sizes, *([1] * len(tokens))]:
@@ -225,3 +276,31 @@ def assert_bfloat16_greedy_matches(
     assert lead > 2 * noise, numbers
     assert noise <= BFLOAT16_ATOL, numbers
     return tokens
+
+
+def assert_gguf_serves_as_transformers(
+    family: Family,
+    model_dir: Path,
+    reference: torch.nn.Module,
+    workdir: Path,
+    vocabulary: GgufVocabulary,
+    text: str,
+) -> tuple[list[int], HfTokenizer, Any]:
+    """`model_dir` written as one GGUF file with `vocabulary` and served through
+    resolve_model_dir: our tokenizer encodes `text` as transformers' GGUF tokenizer does, and
+    our logits over those tokens equal `reference`'s. Returns the tokens, our tokenizer and
+    transformers' (for a family's own checks)."""
+    from transformers import AutoTokenizer
+
+    gguf_path = write_gguf(model_dir, workdir / f"tiny-{family.name}.gguf", family.name, vocabulary)
+
+    exported = resolve_model_dir(str(gguf_path), cache_dir=workdir / "cache", progress=False)
+    tokenizer = HfTokenizer.from_dir(exported)
+    prompt = tokenizer.encode(text)
+    ours = load_model(exported, dtype=torch.float32, device="cpu")
+
+    theirs = AutoTokenizer.from_pretrained(workdir, gguf_file=gguf_path.name)
+    assert prompt == theirs.encode(text)
+    logits = chunked_logits(ours, prompt, [len(prompt)])
+    assert max_difference(logits, reference_logits(reference, prompt)) <= FLOAT32_ATOL
+    return prompt, tokenizer, theirs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,107 +22,97 @@ _SHAPE = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
 }
+_SPECIAL_TOKENS = {"bos_token_id": 1, "eos_token_id": 2}
+# Llama, Qwen2 and Mistral: untied unless asked.
+_CLASSIC = {
+    **_SHAPE,
+    "max_position_embeddings": 512,
+    **_SPECIAL_TOKENS,
+    "tie_word_embeddings": False,
+}
 
 
-def build_tiny_llama(
+def build_tiny(
+    architecture: str,
     directory: Path | str,
+    settings: Mapping[str, Any],
     *,
-    tie_word_embeddings: bool = False,
     vocab_size: int = 384,
     seed: int = 0,
     init_std: float = DEFAULT_INIT_STD,
+    dtype: torch.dtype = torch.float32,
+    decisive: bool = False,
     max_shard_size: str | None = None,
     **overrides: Any,
 ) -> Path:
-    """Writes a random `LlamaForCausalLM` (GQA: 4 query heads, 2 key/value heads) and returns
-    its directory. `overrides` go to `LlamaConfig` (e.g. `rope_parameters`, `num_hidden_layers`).
-    """
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """Writes a random transformers `architecture` (e.g. "LlamaForCausalLM") configured by
+    `settings` with `overrides` on top, and returns its directory. Every builder here and in
+    tiny_moe_models.py is this with its own settings.
 
-    settings = {**_SHAPE, "max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2}
-    settings.update(overrides)
-    config = LlamaConfig(vocab_size=vocab_size, tie_word_embeddings=tie_word_embeddings, **settings)
-    return _save(LlamaForCausalLM, config, directory, seed, init_std, max_shard_size)
+    Weights: `init_std` Gaussian noise, norms 1 + 0.1 noise (so a model that skipped them would
+    differ), biases 0.1 noise, all drawn from `seed`; `decisive` reshapes the embeddings and head
+    (`make_decisive`). Saved in `dtype`, in shards of `max_shard_size` if given."""
+    import transformers
+
+    model_class = getattr(transformers, architecture)
+    config = model_class.config_class(vocab_size=vocab_size, **{**settings, **overrides})
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    # fork_rng keeps the caller's global RNG stream untouched by model construction.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_class(config).to(torch.float32).eval()
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            # Saved buffers too (DeepSeek-V3's router keeps its score correction bias in one).
+            saved = model.state_dict().keys()
+            buffers = [(name, b) for name, b in model.named_buffers() if name in saved]
+            for name, tensor in [*model.named_parameters(), *buffers]:
+                if not tensor.is_floating_point() or "rotary" in name:
+                    continue
+                noise = torch.randn(tensor.shape, generator=generator)
+                if "norm" in name:
+                    tensor.copy_(1.0 + 0.1 * noise)
+                elif "bias" in name:
+                    tensor.copy_(0.1 * noise)
+                else:
+                    tensor.copy_(init_std * noise)
+            if decisive:
+                make_decisive(model, generator)
+    extra = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    model.to(dtype).save_pretrained(directory, **extra)
+    return directory
 
 
-def build_tiny_qwen2(
-    directory: Path | str,
-    *,
-    tie_word_embeddings: bool = False,
-    vocab_size: int = 384,
-    seed: int = 0,
-    init_std: float = DEFAULT_INIT_STD,
-    max_shard_size: str | None = None,
-    **overrides: Any,
-) -> Path:
-    """Writes a random `Qwen2ForCausalLM` (q/k/v biases randomised too); returns its directory."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    settings = {**_SHAPE, "max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2}
-    settings.update(overrides)
-    config = Qwen2Config(vocab_size=vocab_size, tie_word_embeddings=tie_word_embeddings, **settings)
-    return _save(Qwen2ForCausalLM, config, directory, seed, init_std, max_shard_size)
+def build_tiny_llama(directory: Path | str, **options: Any) -> Path:
+    """A random `LlamaForCausalLM` (GQA: 4 query heads, 2 key/value heads); `options` as
+    `build_tiny`'s, config fields included (e.g. `rope_parameters`, `num_hidden_layers`)."""
+    return build_tiny("LlamaForCausalLM", directory, _CLASSIC, **options)
 
 
-def build_tiny_mistral(
-    directory: Path | str,
-    *,
-    tie_word_embeddings: bool = False,
-    vocab_size: int = 384,
-    sliding_window: int | None = None,
-    seed: int = 0,
-    init_std: float = DEFAULT_INIT_STD,
-    max_shard_size: str | None = None,
-    **overrides: Any,
-) -> Path:
-    """Writes a random `MistralForCausalLM`, optionally with a sliding attention window."""
-    from transformers import MistralConfig, MistralForCausalLM
+def build_tiny_qwen2(directory: Path | str, **options: Any) -> Path:
+    """A random `Qwen2ForCausalLM` (q/k/v biases randomised too); `options` as `build_tiny`'s."""
+    return build_tiny("Qwen2ForCausalLM", directory, _CLASSIC, **options)
 
-    settings = {**_SHAPE, "max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2}
-    settings.update(overrides)
-    config = MistralConfig(
-        vocab_size=vocab_size,
-        tie_word_embeddings=tie_word_embeddings,
-        sliding_window=sliding_window,
-        **settings,
+
+def build_tiny_mistral(directory: Path | str, **options: Any) -> Path:
+    """A random `MistralForCausalLM`, without a sliding window unless `sliding_window` is given;
+    `options` as `build_tiny`'s."""
+    return build_tiny(
+        "MistralForCausalLM", directory, {**_CLASSIC, "sliding_window": None}, **options
     )
-    return _save(MistralForCausalLM, config, directory, seed, init_std, max_shard_size)
 
 
-def build_tiny_qwen3(
-    directory: Path | str,
-    *,
-    vocab_size: int = 384,
-    seed: int = 0,
-    init_std: float = DEFAULT_INIT_STD,
-    dtype: torch.dtype = torch.float32,
-    decisive: bool = False,
-    **overrides: Any,
-) -> Path:
-    """Writes a random `Qwen3ForCausalLM` (per-head q/k norms; head_dim 32, not hidden/heads)."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
+def build_tiny_qwen3(directory: Path | str, **options: Any) -> Path:
+    """A random `Qwen3ForCausalLM` (per-head q/k norms; head_dim 32, not hidden/heads)."""
     settings = {**_SHAPE, "head_dim": 32, "max_position_embeddings": 512}
-    settings.update(bos_token_id=1, eos_token_id=2, **overrides)
-    config = Qwen3Config(vocab_size=vocab_size, **settings)
-    return _save(Qwen3ForCausalLM, config, directory, seed, init_std, None, dtype, decisive)
+    return build_tiny("Qwen3ForCausalLM", directory, {**settings, **_SPECIAL_TOKENS}, **options)
 
 
-def build_tiny_phi3(
-    directory: Path | str,
-    *,
-    vocab_size: int = 384,
-    seed: int = 0,
-    init_std: float = DEFAULT_INIT_STD,
-    dtype: torch.dtype = torch.float32,
-    decisive: bool = False,
-    original_positions: int = 16,
-    **overrides: Any,
-) -> Path:
-    """Writes a random `Phi3ForCausalLM` (fused qkv_proj and gate_up_proj) with longrope
-    scaling: `original_positions` of pretraining, distinct short and long factors."""
-    from transformers import Phi3Config, Phi3ForCausalLM
-
+def build_tiny_phi3(directory: Path | str, **options: Any) -> Path:
+    """A random `Phi3ForCausalLM` (fused qkv_proj and gate_up_proj) with longrope scaling:
+    16 positions of pretraining (`original_max_position_embeddings`), distinct short and long
+    factors."""
     half = _SHAPE["hidden_size"] // _SHAPE["num_attention_heads"] // 2
     rope = {
         "rope_type": "longrope",
@@ -129,32 +120,20 @@ def build_tiny_phi3(
         "short_factor": [1.0 + 0.05 * i for i in range(half)],
         "long_factor": [1.5 + 0.75 * i for i in range(half)],
     }
-    settings = {**_SHAPE, "max_position_embeddings": 128, "rope_parameters": rope}
-    settings.update(
-        original_max_position_embeddings=original_positions,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=None,
-        **overrides,
-    )
-    config = Phi3Config(vocab_size=vocab_size, **settings)
-    return _save(Phi3ForCausalLM, config, directory, seed, init_std, None, dtype, decisive)
+    settings = {
+        **_SHAPE,
+        "max_position_embeddings": 128,
+        "rope_parameters": rope,
+        "original_max_position_embeddings": 16,
+        **_SPECIAL_TOKENS,
+        "pad_token_id": None,
+    }
+    return build_tiny("Phi3ForCausalLM", directory, settings, **options)
 
 
-def build_tiny_gemma3(
-    directory: Path | str,
-    *,
-    vocab_size: int = 384,
-    seed: int = 0,
-    init_std: float = DEFAULT_INIT_STD,
-    dtype: torch.dtype = torch.float32,
-    decisive: bool = False,
-    **overrides: Any,
-) -> Path:
-    """Writes a random `Gemma3ForCausalLM`: six layers (five sliding-window layers of window 8
+def build_tiny_gemma3(directory: Path | str, **options: Any) -> Path:
+    """A random `Gemma3ForCausalLM`: six layers (five sliding-window layers of window 8
     and one global, llama.cpp's fixed pattern), head_dim 32, logits soft-capped at 5."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
     settings = {
         **_SHAPE,
         "num_hidden_layers": 6,
@@ -164,46 +143,9 @@ def build_tiny_gemma3(
         "final_logit_softcapping": 5.0,
         "max_position_embeddings": 512,
         "pad_token_id": 0,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
+        **_SPECIAL_TOKENS,
     }
-    settings.update(overrides)
-    config = Gemma3TextConfig(vocab_size=vocab_size, **settings)
-    return _save(Gemma3ForCausalLM, config, directory, seed, init_std, None, dtype, decisive)
-
-
-def _save(
-    model_class: Any,
-    config: Any,
-    directory: Path | str,
-    seed: int,
-    init_std: float,
-    max_shard_size: str | None,
-    dtype: torch.dtype = torch.float32,
-    decisive: bool = False,
-) -> Path:
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    # fork_rng keeps the caller's global RNG stream untouched by model construction.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = model_class(config).to(torch.float32).eval()
-        generator = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name, parameter in model.named_parameters():
-                noise = torch.randn(parameter.shape, generator=generator)
-                if "norm" in name:
-                    # Norm weights away from 1 so a model that skipped them would differ.
-                    parameter.copy_(1.0 + 0.1 * noise)
-                elif name.endswith(".bias"):
-                    parameter.copy_(0.1 * noise)
-                else:
-                    parameter.copy_(init_std * noise)
-            if decisive:
-                make_decisive(model, generator)
-    extra = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
-    model.to(dtype).save_pretrained(directory, **extra)
-    return directory
+    return build_tiny("Gemma3ForCausalLM", directory, settings, **options)
 
 
 def make_decisive(model: Any, generator: torch.Generator) -> None:

@@ -15,36 +15,30 @@ zero maximum of both signs).
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import os
 from pathlib import Path
 
 import torch
 
+from adapters.gpu.native_library import INT, INT64, POINTER, Signature, cached_loader
+
 LIBRARY = Path(__file__).with_name("native") / "libhelios_reduction.so"
 SWITCH = "HELIOS_NATIVE_REDUCTION"  # "0" keeps every reduction on the torch recipe
 MAX_TOP_KEYS = 64  # reduction.c's MAX_TOP
-_INT64, _POINTER = ctypes.c_int64, ctypes.c_void_p
 
 
-@functools.cache
-def library() -> ctypes.CDLL | None:
-    """The loaded library, or None when it is switched off or was not built."""
-    if os.environ.get(SWITCH, "1") == "0" or not LIBRARY.is_file():
-        return None
-    loaded = ctypes.CDLL(str(LIBRARY))  # a CDLL call releases the GIL while it runs
-    # Each kernel's leading arguments: rows, row count, lanes a row, row stride.
-    loaded.helios_tile_statistics.argtypes = [_POINTER, _INT64, _INT64, _INT64, _POINTER, _POINTER]
-    loaded.helios_combine_tiles.argtypes = [_POINTER, _POINTER, _INT64, _INT64, _POINTER]
-    loaded.helios_log_normalizer.argtypes = [_POINTER, _INT64, _INT64, _INT64, _POINTER]
-    loaded.helios_top_keys.argtypes = [_POINTER, _INT64, _INT64, _INT64, _INT64, _POINTER]
-    loaded.helios_count_greater.argtypes = [_POINTER, _INT64, _INT64, _INT64, _POINTER, _POINTER]
-    loaded.helios_vector_width.argtypes = [ctypes.c_int]
-    for name in ("tile_statistics", "combine_tiles", "log_normalizer", "top_keys", "vector_width"):
-        getattr(loaded, f"helios_{name}").restype = ctypes.c_int
-    loaded.helios_count_greater.restype = None
-    return loaded
+# The exported functions: argument types (each kernel's leading ones: rows, row count, lanes a
+# row, row stride), result type.
+_SIGNATURES: dict[str, Signature] = {
+    "helios_tile_statistics": ([POINTER, INT64, INT64, INT64, POINTER, POINTER], INT),
+    "helios_combine_tiles": ([POINTER, POINTER, INT64, INT64, POINTER], INT),
+    "helios_log_normalizer": ([POINTER, INT64, INT64, INT64, POINTER], INT),
+    "helios_top_keys": ([POINTER, INT64, INT64, INT64, INT64, POINTER], INT),
+    "helios_count_greater": ([POINTER, INT64, INT64, INT64, POINTER, POINTER], None),
+    "helios_vector_width": ([INT], INT),
+}
+
+# The loaded library, or None when it is switched off or was not built.
+library = cached_loader(LIBRARY, SWITCH, _SIGNATURES)
 
 
 def _rows(tensor: torch.Tensor) -> bool:

@@ -13,14 +13,13 @@ runs one kernel for every row of a model.
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+
+from adapters.gpu.native_library import FLOAT, INT, INT64, POINTER, Signature, cached_loader
 
 LIBRARY = Path(__file__).with_name("native") / "libhelios_gemm.so"
 SWITCH = "HELIOS_NATIVE_GEMM"  # "0" keeps every invariant linear layer on the padded GEMM
@@ -29,31 +28,32 @@ OUT_TILE = 6  # outputs a helper thread's share is rounded to (row_gemm.c's wide
 # microseconds, more than a small call saves (decode steps of a few rows stream weights that
 # one core reads about as fast as two).
 _THREADED_WORK = 1 << 24
-_INT64, _POINTER = ctypes.c_int64, ctypes.c_void_p
 
 
-@functools.cache
-def library() -> ctypes.CDLL | None:
-    """The loaded library, or None when it is switched off or was not built."""
-    if os.environ.get(SWITCH, "1") == "0" or not LIBRARY.is_file():
-        return None
-    loaded = ctypes.CDLL(str(LIBRARY))  # a CDLL call releases the GIL while it runs
-    loaded.helios_rows_times_weight.argtypes = [
-        *(_POINTER, _INT64, _INT64, _INT64),  # rows, count, inner, row stride
-        *(_POINTER, _INT64, _POINTER),  # weight, weight stride, bias (or NULL)
-        *(_INT64, _INT64, _POINTER, _INT64),  # outputs [first, stop), out, out stride
-    ]
-    loaded.helios_rows_times_weight.restype = ctypes.c_int
-    loaded.helios_invariant_attention.argtypes = [
-        *(_POINTER, _INT64, _INT64, _INT64),  # queries, heads, rows, dim
-        *(_POINTER, _POINTER, _POINTER, _INT64),  # key cache, value cache, slots, width
-        *(_POINTER, _INT64, _INT64, _INT64),  # mask and its strides: sequence, row, key
-        *(ctypes.c_float, _INT64, _INT64, _POINTER),  # scale, units [first, stop), out
-    ]
-    loaded.helios_invariant_attention.restype = ctypes.c_int
-    loaded.helios_gemm_width.argtypes = [ctypes.c_int]
-    loaded.helios_gemm_width.restype = ctypes.c_int
-    return loaded
+# The exported functions: argument types, result type.
+_SIGNATURES: dict[str, Signature] = {
+    "helios_rows_times_weight": (
+        [
+            *(POINTER, INT64, INT64, INT64),  # rows, count, inner, row stride
+            *(POINTER, INT64, POINTER),  # weight, weight stride, bias (or NULL)
+            *(INT64, INT64, POINTER, INT64),  # outputs [first, stop), out, out stride
+        ],
+        INT,
+    ),
+    "helios_invariant_attention": (
+        [
+            *(POINTER, INT64, INT64, INT64),  # queries, heads, rows, dim
+            *(POINTER, POINTER, POINTER, INT64),  # key cache, value cache, slots, width
+            *(POINTER, INT64, INT64, INT64),  # mask and its strides: sequence, row, key
+            *(FLOAT, INT64, INT64, POINTER),  # scale, units [first, stop), out
+        ],
+        INT,
+    ),
+    "helios_gemm_width": ([INT], INT),
+}
+
+# The loaded library, or None when it is switched off or was not built.
+library = cached_loader(LIBRARY, SWITCH, _SIGNATURES)
 
 
 def applies(weight: torch.Tensor) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -40,24 +41,25 @@ def _experts(settings: ExpertsSettings) -> RoutedExperts:
     return experts
 
 
+def _grouped_sigmoid(**settings: Any) -> ExpertsSettings:
+    """DeepSeek-V3's routing of one sparse layer: sigmoid scores with a correction bias, the
+    best 2 groups kept; `settings` give the rest."""
+    return ExpertsSettings(
+        inner=3,
+        sparse_layers=(True,),
+        scoring="sigmoid",
+        top_groups=2,
+        correction_bias=True,
+        **settings,
+    )
+
+
 def test_a_router_that_scores_every_expert_alike_picks_the_lowest_indices() -> None:
     """All-zero router weights tie every expert: softmax routing picks experts 0 and 1 with
     equal weights; grouped sigmoid routing keeps the lowest groups, then their lowest experts."""
     rows = torch.randn(5, 4)
     softmax = _experts(ExpertsSettings(num_experts=6, top_k=2, inner=3, sparse_layers=(True,)))
-    grouped = _experts(
-        ExpertsSettings(
-            num_experts=8,
-            top_k=3,
-            inner=3,
-            sparse_layers=(True,),
-            scoring="sigmoid",
-            groups=4,
-            top_groups=2,
-            correction_bias=True,
-            scaling=2.5,
-        )
-    )
+    grouped = _experts(_grouped_sigmoid(num_experts=8, top_k=3, groups=4, scaling=2.5))
 
     experts, weights = softmax.route(rows)
     grouped_experts, grouped_weights = grouped.route(rows)
@@ -71,18 +73,7 @@ def test_a_router_that_scores_every_expert_alike_picks_the_lowest_indices() -> N
 def test_group_limited_routing_never_picks_an_expert_of_a_dropped_group() -> None:
     """Group 1 holds the single best expert but a weak partner; groups 0 and 2 have better
     best-two sums, so DeepSeek's rule keeps them and routes past the best expert."""
-    settings = ExpertsSettings(
-        num_experts=6,
-        top_k=2,
-        inner=3,
-        sparse_layers=(True,),
-        scoring="sigmoid",
-        groups=3,
-        top_groups=2,
-        correction_bias=True,
-        normalize=False,
-    )
-    experts = _experts(settings)
+    experts = _experts(_grouped_sigmoid(num_experts=6, top_k=2, groups=3, normalize=False))
     logits = torch.tensor([1.0, 1.2, 3.0, -4.0, 0.9, 1.1])
     with torch.no_grad():
         experts.router_weight.copy_(torch.zeros(6, 4))

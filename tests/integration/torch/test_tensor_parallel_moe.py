@@ -16,13 +16,12 @@ from adapters.gpu.distributed.group import Rendezvous
 from adapters.gpu.factory import ExecutorRecipe
 from adapters.tokenizer.hf import HfTokenizer
 from domain.contract.capabilities import LogprobCapability, scored_capacities
-from domain.emission.outputs import ChoiceDelta, PromptScores
 from domain.engine.engine import Engine, EngineConfig
 from domain.logprobs.rules import LogprobAsk
 from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams
 from tests.support import parallel_world as world
-from tests.support.draining import drain
+from tests.support.draining import drain, logprob_records
 from tests.support.tiny_moe_serving import MOE_VOCAB, build_tiny_moe_model_dir
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
@@ -53,29 +52,10 @@ def _requests() -> list[EngineRequest]:
     return requests
 
 
-def _outputs(items: list) -> dict[str, Any]:
-    found: dict[str, Any] = {"tokens": [], "entries": [], "prompt": []}
-    for item in items:
-        if isinstance(item, ChoiceDelta):
-            found["tokens"] += item.token_ids
-            for entry in item.logprobs:
-                position = entry.position
-                found["entries"].append(
-                    [(p.token_id, p.logprob) for p in (position.chosen, *position.alternatives)]
-                )
-        elif isinstance(item, PromptScores):
-            for score in item.scores:
-                found["prompt"].append(
-                    [(score.token_id, score.logprob)]
-                    + [(a.token_id, a.logprob) for a in score.alternatives]
-                )
-    return found
-
-
 def _drive(executor, tokenizer: HfTokenizer) -> dict[str, Any]:
     config = EngineConfig(max_num_seqs=8, max_num_batched_tokens=BUDGET)
     drained = drain(Engine(executor, tokenizer, config), _requests())
-    return {name: _outputs(items) for name, items in drained.items()}
+    return {name: logprob_records(items) for name, items in drained.items()}
 
 
 def _recipe(model_dir: Path, tensor_parallel_size: int) -> ExecutorRecipe:

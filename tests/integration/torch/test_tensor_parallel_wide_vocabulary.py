@@ -20,14 +20,13 @@ from adapters.gpu.factory import ExecutorRecipe
 from adapters.gpu.scoring.prompt_scorer_vp import EXCHANGED_PAIRS
 from adapters.tokenizer.hf import HfTokenizer
 from domain.contract.capabilities import LogprobCapability, scored_capacities
-from domain.emission.outputs import ChoiceDelta, PromptScores
 from domain.engine.engine import Engine, EngineConfig
 from domain.logprobs.rules import LogprobAsk
 from domain.logprobs.values import NATURAL_TOP_K
 from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams
 from tests.support import parallel_world as world
-from tests.support.draining import drain
+from tests.support.draining import drain, logprob_records
 from tests.support.tiny_models import build_tiny_qwen2
 from tests.support.tokenizers import build_listed_byte_level
 
@@ -78,22 +77,7 @@ def _drive(executor, model_dir: Path) -> dict[str, Any]:
     ask = LogprobAsk(wanted=True, count=3, prompt_logprobs=NATURAL_TOP_K, echo=True)
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     (items,) = drain(engine, [EngineRequest("scored", _prompt(), params, logprobs=ask)]).values()
-    found: dict[str, Any] = {"prompt": [], "tokens": [], "entries": []}
-    for item in items:
-        if isinstance(item, PromptScores):
-            for score in item.scores:
-                found["prompt"].append(
-                    [(score.token_id, score.logprob, score.rank)]
-                    + [(a.token_id, a.logprob) for a in score.alternatives]
-                )
-        elif isinstance(item, ChoiceDelta):
-            found["tokens"] += item.token_ids
-            for entry in item.logprobs:
-                position = entry.position
-                found["entries"].append(
-                    [(p.token_id, p.logprob) for p in (position.chosen, *position.alternatives)]
-                )
-    return found
+    return logprob_records(items, ranks=True)
 
 
 def _rank_main(rendezvous: Rendezvous, directory: Path, model_dir: Path) -> None:

@@ -77,19 +77,7 @@ INLINE float sum_s(lanes_s x) {
 #define lanes_store_part store_s
 #define ROW_TILE 2
 #define OUT_TILE 2
-#include "row_gemm_kernels.h"
-#undef SUFFIX
-#undef lanes
-#undef lanes_zero
-#undef lanes_load
-#undef lanes_load_part
-#undef lanes_fma
-#undef lanes_sum
-#undef lanes_splat
-#undef lanes_store
-#undef lanes_store_part
-#undef ROW_TILE
-#undef OUT_TILE
+#include "row_gemm_kernels.h" /* undefines the parameters above */
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define X86_WIDTHS 1
@@ -155,19 +143,7 @@ INLINE float sum_v8(lanes_v8 x) { return sum_eight(_mm256_add_ps(x.low, x.high))
 #define lanes_store_part store_part_v8
 #define ROW_TILE 2
 #define OUT_TILE 3
-#include "row_gemm_kernels.h"
-#undef SUFFIX
-#undef lanes
-#undef lanes_zero
-#undef lanes_load
-#undef lanes_load_part
-#undef lanes_fma
-#undef lanes_sum
-#undef lanes_splat
-#undef lanes_store
-#undef lanes_store_part
-#undef ROW_TILE
-#undef OUT_TILE
+#include "row_gemm_kernels.h" /* undefines the parameters above */
 #pragma GCC pop_options
 
 /* ---- one AVX-512 vector ---- */
@@ -199,19 +175,7 @@ INLINE float sum_v16(__m512 x) {
 #define lanes_store_part store_part_v16
 #define ROW_TILE 4
 #define OUT_TILE 6
-#include "row_gemm_kernels.h"
-#undef SUFFIX
-#undef lanes
-#undef lanes_zero
-#undef lanes_load
-#undef lanes_load_part
-#undef lanes_fma
-#undef lanes_sum
-#undef lanes_splat
-#undef lanes_store
-#undef lanes_store_part
-#undef ROW_TILE
-#undef OUT_TILE
+#include "row_gemm_kernels.h" /* undefines the parameters above */
 #pragma GCC pop_options
 #endif
 

@@ -3,6 +3,7 @@
  * lanes_load, lanes_load_part (the first n lanes, the rest zero), lanes_fma and lanes_sum (the
  * fixed lane tree), and ROW_TILE x OUT_TILE, the dot products kept in registers at once. Tiles
  * change which products run side by side, never an operation of one product or its order.
+ * It undefines all of them at its end, so each width's block defines only its own.
  */
 
 #define CAT_(a, b) a##_##b
@@ -169,3 +170,15 @@ static void attend(const float *queries, int64_t heads, int64_t rows, int64_t di
 #undef tile_rows
 #undef rows_times_weight
 #undef attend
+#undef SUFFIX
+#undef lanes
+#undef lanes_zero
+#undef lanes_load
+#undef lanes_load_part
+#undef lanes_fma
+#undef lanes_sum
+#undef lanes_splat
+#undef lanes_store
+#undef lanes_store_part
+#undef ROW_TILE
+#undef OUT_TILE
