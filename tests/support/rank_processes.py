@@ -18,9 +18,10 @@ PRELOAD = ["torch", "torch.distributed", "numpy"]
 def start_ranks(entry: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> None:
     """Runs `entry(rank, *args)` in `nprocs` fresh processes and waits for all of them.
 
-    Each rank is forked from the forkserver (a clean interpreter that never ran a tensor op, so
-    no thread pool is forked), then takes this process's working directory and environment, as
-    a spawned one would. `entry` must be module-level: it is pickled, as for spawn.
+    Each rank is forked from the forkserver, a fresh interpreter that only imported PRELOAD and
+    never ran a tensor op (torch starts its intra-op pool at the first one, in the rank), then
+    takes this process's working directory and environment, as a spawned one would. `entry`
+    must be module-level: it is pickled, as for spawn.
     """
     multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
     mp.start_processes(
