@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,15 +53,40 @@ def gguf_reference() -> dict[str, Any]:
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     path = default_gguf_path()
-    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    # from_pretrained(gguf_file=...) insists on accelerate; this is the loader it would use.
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    with _one_parse_of(path):
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        # from_pretrained(gguf_file=...) insists on accelerate; this is the loader it would use.
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        loaded = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)
+    tensors = loaded["tensors"]
     model.load_state_dict(tensors, strict=False)
     model.tie_weights()
     model.eval()
     return {"config": config, "tokenizer": tokenizer, "model": model, "tensors": tensors}
+
+
+@contextmanager
+def _one_parse_of(path: Path) -> Iterator[None]:
+    """transformers parses the GGUF's metadata anew for the config, the tokenizer and the
+    weights (4-5 s of CPU each); here its three calls read one parse of the same file."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    opened = []
+
+    def shared(checkpoint: Any, *args: Any, **kwargs: Any) -> Any:
+        if Path(checkpoint) == path and not args and not kwargs:
+            opened.append(checkpoint)
+            return reader
+        return original(checkpoint, *args, **kwargs)
+
+    original = gguf.GGUFReader
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "GGUFReader", shared)
+        yield
+    # All three went through the shared parse, or this helper no longer saves anything.
+    assert len(opened) == 3, opened
 
 
 @pytest.mark.model

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from tests.support.marker_guard import require
+from tests.support.rank_processes import start_ranks
 
 
 def spawn_worlds(
@@ -24,13 +24,13 @@ def spawn_worlds(
 ) -> dict[tuple[int, int], dict]:
     """(world, rank) -> the JSON `worker(rank, world, directory)` wrote to `rank<r>.json`.
 
-    One spawn per world size; the worker must be a module-level function (spawn pickles it).
+    One start per world size; the worker must be a module-level function (it is pickled).
     """
     require("slow", "it spawned gloo worlds")
     found = {}
     for world in worlds:
         directory = tmp_path_factory.mktemp(f"world{world}")
-        mp.start_processes(worker, args=(world, str(directory)), nprocs=world, start_method="spawn")
+        start_ranks(worker, (world, str(directory)), world)
         for rank in range(world):
             found[world, rank] = json.loads((directory / f"rank{rank}.json").read_text())
     return found

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.multiprocessing as mp
 
 from adapters.gpu.distributed.coordinator import CoordinatorExecutor
 from adapters.gpu.distributed.group import RankGroup, Rendezvous, free_port
@@ -17,8 +16,9 @@ from adapters.gpu.factory import ExecutorRecipe, RunnerSettings
 from adapters.gpu.logprobs.completion_outputs import CompletionOutputs
 from adapters.gpu.scoring.prompt_score_frames import PromptScoreFrames
 from tests.support.marker_guard import require
+from tests.support.rank_processes import start_ranks
 
-# rank_main(rendezvous, directory, *arguments), a module-level function (spawn pickles it).
+# rank_main(rendezvous, directory, *arguments), a module-level function (it is pickled).
 RankMain = Callable[..., None]
 
 
@@ -26,12 +26,7 @@ def spawn_world(world_size: int, directory: Path, rank_main: RankMain, *argument
     """Runs rank_main on every rank of a fresh loopback world and waits for all of them."""
     require("slow", "it spawned a gloo world")
     rendezvous = Rendezvous("127.0.0.1", free_port(), world_size, 0, 0, timeout_s=120)
-    mp.start_processes(
-        _entry,
-        args=(rendezvous, rank_main, str(directory), arguments),
-        nprocs=world_size,
-        start_method="spawn",
-    )
+    start_ranks(_entry, (rendezvous, rank_main, str(directory), arguments), world_size)
 
 
 def _entry(

@@ -21,6 +21,7 @@ from tests.integration.torch.test_logprobs_vocab_parallel import (
     _shard,
 )
 from tests.support.gloo import gloo_rank, record_each, spawn_worlds
+from tests.support.triton_interpreter import patch_language_once_per_launch
 
 pytestmark = pytest.mark.slow
 
@@ -121,6 +122,8 @@ def _worker(rank: int, world: int, directory: str) -> None:
     # it must be chosen before triton is imported.
     os.environ["TRITON_INTERPRET"] = "1"
     from adapters.gpu.logprobs.triton_reducer_vp import TritonVocabParallelLogprobReducer
+
+    patch_language_once_per_launch()
 
     reducers = {"torch": VocabParallelLogprobReducer, "triton": TritonVocabParallelLogprobReducer}
 

@@ -372,21 +372,31 @@ def test_speculation_on_and_off_serve_the_same_greedy_tokens_and_entries(split):
                 assert _close(mine, theirs, SPLIT_NOISE)
 
 
-def _full_rows(split, call: int) -> torch.Tensor:
-    """Reduction `call`'s logits rows over the whole vocabulary, joined from every rank's lanes."""
+def _full_rows(split) -> tuple[list[dict[str, Any]], list[torch.Tensor]]:
+    """Rank 0's reduction records and each reduction's logits rows over the whole vocabulary,
+    joined from every rank's lanes (every rank's records are loaded once)."""
     size, directory = split
-    shards = [world.load(directory, f"capture{rank}")[call]["logits"] for rank in range(size)]
+    captures = [world.load(directory, f"capture{rank}") for rank in range(size)]
     widths = [
         stop - start for start, stop in (shard_range(PARALLEL_VOCAB, size, r) for r in range(size))
     ]
-    return torch.cat([shard[:, :width] for shard, width in zip(shards, widths, strict=True)], dim=1)
+    rows = [
+        torch.cat(
+            [
+                shards[call]["logits"][:, :width]
+                for shards, width in zip(captures, widths, strict=True)
+            ],
+            dim=1,
+        )
+        for call in range(len(captures[0]))
+    ]
+    return captures[0], rows
 
 
 def test_every_reported_value_is_float64_log_softmax_of_the_full_row_within_fp32_rounding(split):
-    calls = world.load(split[1], "capture0")
+    calls, full_rows = _full_rows(split)
     checked = 0
-    for number, call in enumerate(calls):
-        rows = _full_rows(split, number)
+    for call, rows in zip(calls, full_rows, strict=True):
         for row, words, chosen, count, requested in zip(
             rows, call["words"], call["chosen"], call["counts"], call["requested"], strict=True
         ):
