@@ -113,7 +113,7 @@ def start_simulated_engine(
     config = settings.engine
     runner = BackgroundExecutor(executor) if config.async_scheduling else executor
     engine = Engine(runner, tokenizer, config, observer=metrics)
-    loop = EngineLoop(engine)
+    loop = EngineLoop(engine, overlapped=config.async_scheduling)
     loop.start()
     return engine, tokenizer, core, loop
 

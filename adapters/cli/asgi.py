@@ -69,7 +69,7 @@ def start_engine(config: ServeConfig, observer: EngineObserver | None = None) ->
         parallel=config.parallel,
         on_failure=exit_after_failure,
     )
-    loop = EngineLoop(loaded.engine)
+    loop = EngineLoop(loaded.engine, overlapped=config.async_scheduling)
     loop.start()
 
     def stop() -> None:

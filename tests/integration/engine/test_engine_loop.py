@@ -1,4 +1,4 @@
-"""The engine's thread steps the engine until stopped, and shortens the GIL's turns."""
+"""The engine's thread steps the engine until stopped; the overlapped loop shortens GIL turns."""
 
 from __future__ import annotations
 
@@ -39,14 +39,18 @@ def switch_interval() -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("switch_interval")
-def test_the_loop_steps_past_a_failing_step_with_half_millisecond_gil_turns() -> None:
+@pytest.mark.parametrize("overlapped", [False, True], ids=["sync", "overlapped"])
+def test_the_loop_steps_past_a_failing_step_and_shortens_gil_turns_only_when_overlapped(
+    overlapped: bool,
+) -> None:
+    sys.setswitchinterval(0.005)  # CPython's default, which kept the device's worker waiting
     engine = _CountingEngine()
-    loop = EngineLoop(cast(Engine, engine))
+    loop = EngineLoop(cast(Engine, engine), overlapped=overlapped)
 
     loop.start()
     stepped = engine.twentieth.wait(10)
     loop.stop()
 
     assert stepped
-    assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)
-    assert SWITCH_INTERVAL_S < 0.005  # CPython's default, which kept the device's worker waiting
+    expected = SWITCH_INTERVAL_S if overlapped else 0.005
+    assert sys.getswitchinterval() == pytest.approx(expected)
