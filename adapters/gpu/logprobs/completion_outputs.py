@@ -73,6 +73,8 @@ class CompletionOutputs:
         self._record_words = self._records.numpy()
         self._lanes: list[tuple[int, ...]] = [(), ()]
         self._requests: list[_FrameRequests | None] = [None, None]
+        # The flags and counts the buffers hold (zeros, as allocated).
+        self._uploaded = ([0] * capacity, [0] * capacity)
         self.buffers: LogprobBuffers | None = None
         if self._top_k:
             words = geometry.logprobs.position_words
@@ -123,9 +125,14 @@ class CompletionOutputs:
                 counts[slot] = len(options.token_ids)
                 ids = torch.tensor(options.token_ids, dtype=torch.int32)
                 buffers.token_ids[slot, : len(ids)].copy_(ids)
-        buffers.requested.copy_(torch.tensor(flags, dtype=torch.int32))
-        if buffers.counts is not None:
+        # Only `upload` writes these buffers, so a step that asks what the last one asked
+        # (the usual case: the same lanes running on) copies nothing. Each small copy gives the
+        # GIL away, and the overlapped loop's worker waited up to a turn to get it back.
+        if flags != self._uploaded[0]:
+            buffers.requested.copy_(torch.tensor(flags, dtype=torch.int32))
+        if buffers.counts is not None and counts != self._uploaded[1]:
             buffers.counts.copy_(torch.tensor(counts, dtype=torch.int32))
+        self._uploaded = (flags, counts)
         # A lane decodes the pairs it asked for (none at K=0); the copy stays W wide.
         pairs = {slot: options.pairs for slot, options in requesting}
         width = max(self._top_k, *pairs.values()) if requesting else 0
