@@ -118,7 +118,7 @@ class SimulatedExecutor:
         device = torch.device("cpu")
         self._outputs = CompletionOutputs(geometry, device, "reference")
         self._top_k = geometry.logprobs.top_k
-        self._words = _position_words(self._text, self._top_k)
+        self._words = _position_words(self._text, self._top_k).numpy()
         self._next_frame = 0
         self._previous: tuple[CompletionRecord, ...] = ()
         self.tally = BookkeepingTally()
@@ -181,21 +181,26 @@ class SimulatedExecutor:
 
     def _write_logprobs(self, frame: int, drawn: list[tuple[SlotWork, int]]) -> None:
         """What the device reduction would leave in the frame: each drawn position's chosen
-        pair and K natural alternatives in one indexed copy; selected IDs lane by lane."""
+        pair and K natural alternatives in one indexed copy; selected IDs lane by lane.
+
+        Written through numpy views of the (CPU) frame, which keep the GIL: a device's
+        reduction takes no host time, and torch's indexed copies here gave the GIL away four
+        times a step, each a wait for the worker to get it back from the engine thread.
+        """
         buffers = self._outputs.buffers
         if buffers is None:
             raise ValueError("a lane requests logprobs, but the core reports none")
-        out = buffers.logprobs[frame]
+        out = buffers.logprobs[frame].numpy()
         natural = [(work.slot, index) for work, index in drawn if not _selects(work)]
         if natural:
-            slots = torch.tensor([slot for slot, _ in natural], dtype=torch.int64)
-            indices = torch.tensor([index for _, index in natural], dtype=torch.int64)
+            slots = [slot for slot, _ in natural]
+            indices = [index for _, index in natural]
             width = self._words.shape[1]
-            out[slots, torch.zeros_like(slots), :width] = self._words[indices]
+            out[slots, 0, :width] = self._words[indices]
         for work, index in drawn:
             if _selects(work):
                 words = self._selected_words(work, index)
-                out[work.slot, 0, : len(words)] = torch.tensor(words, dtype=torch.int32)
+                out[work.slot, 0, : len(words)] = words
 
     def _selected_words(self, work: SlotWork, index: int) -> list[int]:
         """The chosen pair, then each selected ID in caller order with a made-up value (NaN
