@@ -21,14 +21,16 @@ venv: $(STAMP) native
 # The exact CPU logprob reduction in C (adapters/gpu/logprobs/native_reduction.py loads it and
 # falls back to the torch recipe without it). No contraction and no fast math: a fused
 # multiply-add rounds once where the reference rounds twice, and fast math reorders sums.
-NATIVE_SRC := adapters/gpu/logprobs/native/reduction.c adapters/gpu/logprobs/native/reduction_kernels.h
+NATIVE_SRC := adapters/gpu/logprobs/native/reduction.c adapters/gpu/logprobs/native/reduction_kernels.h \
+	adapters/gpu/native_width.h
 NATIVE_LIB := adapters/gpu/logprobs/native/libhelios_reduction.so
 NATIVE_FLAGS := -O2 -ffp-contract=off -fno-fast-math -std=c11 -fPIC -shared -fvisibility=hidden \
 	-Wall -Wextra -Wno-psabi
 
 # The batch-invariant linear layer (adapters/gpu/model/native_gemm.py loads it and falls back
 # to the padded BLAS GEMM without it): its only fused multiply-adds are explicit intrinsics.
-GEMM_SRC := adapters/gpu/model/native/row_gemm.c adapters/gpu/model/native/row_gemm_kernels.h
+GEMM_SRC := adapters/gpu/model/native/row_gemm.c adapters/gpu/model/native/row_gemm_kernels.h \
+	adapters/gpu/native_width.h
 GEMM_LIB := adapters/gpu/model/native/libhelios_gemm.so
 GEMM_FLAGS := $(subst -O2,-O3,$(NATIVE_FLAGS))
 

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -207,18 +208,12 @@ def create_bench_app(settings: HostSettings) -> falcon.asgi.App:
 
 
 class _Gunicorn(BaseApplication):
-    """gunicorn as `helios serve` runs it (asgi workers, the app built after the fork): the
-    bench app over an in-process engine, or with `api_config` the production API-process app."""
+    """gunicorn as `helios serve` runs it: asgi workers, each building its app with `load`
+    after the fork."""
 
-    def __init__(
-        self,
-        options: dict[str, object],
-        settings: HostSettings,
-        api_config: ServeConfig | None = None,
-    ) -> None:
+    def __init__(self, options: dict[str, object], load: Callable[[], falcon.asgi.App]) -> None:
         self._options = options
-        self._settings = settings
-        self._api_config = api_config
+        self._load = load
         super().__init__()
 
     def load_config(self) -> None:
@@ -226,9 +221,7 @@ class _Gunicorn(BaseApplication):
             self.cfg.set(name, value)
 
     def load(self) -> falcon.asgi.App:
-        if self._api_config is not None:
-            return create_api_process_app(self._api_config)
-        return create_bench_app(self._settings)
+        return self._load()
 
 
 def _gunicorn_options(host: str, port: int, workers: int) -> dict[str, object]:
@@ -244,7 +237,7 @@ def _gunicorn_options(host: str, port: int, workers: int) -> dict[str, object]:
     }
 
 
-def run_api_servers(settings: HostSettings, args: argparse.Namespace) -> None:
+def run_api_servers(args: argparse.Namespace) -> None:
     """`helios serve --api-server-count N`'s layout: this file as the engine process, N API
     processes under gunicorn, metrics in multiprocess files."""
     metrics_directory = tempfile.mkdtemp(prefix="helios-bench-metrics-")
@@ -266,7 +259,7 @@ def run_api_servers(settings: HostSettings, args: argparse.Namespace) -> None:
     )
     try:
         options = _gunicorn_options(args.host, args.port, args.api_server_count)
-        _Gunicorn(options, settings, config).run()
+        _Gunicorn(options, lambda: create_api_process_app(config)).run()
     finally:
         engine.terminate()
         engine.wait(timeout=30)
@@ -302,9 +295,9 @@ def main() -> int:
     if args.api_server_count > 1:
         if args.tally_port is None:
             parser.error("--api-server-count above 1 needs --tally-port")
-        run_api_servers(settings, args)
+        run_api_servers(args)
         return 0
-    _Gunicorn(_gunicorn_options(args.host, args.port, 1), settings).run()
+    _Gunicorn(_gunicorn_options(args.host, args.port, 1), lambda: create_bench_app(settings)).run()
     return 0
 
 

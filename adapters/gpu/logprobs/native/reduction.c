@@ -14,6 +14,7 @@
  * Entry points return 0, or 1 where the torch recipe must decide instead: a NaN input, or a
  * maximum that is a zero of both signs (torch's amax picks one by its own lane order).
  */
+#include "../../native_width.h"
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -136,12 +137,7 @@ static int widest(void) {
 /* The kernels' vector width: `wanted` (4, 8 or 16) when the CPU runs it, else the widest it
  * runs; 0 asks without changing. Tests use it to check every width the CPU has. */
 EXPORT int helios_vector_width(int wanted) {
-    int most = widest();
-    if (wanted == 4 || (wanted == 8 && most >= 8) || (wanted == 16 && most >= 16))
-        chosen_width = wanted;
-    else if (wanted != 0 || chosen_width == 0)
-        chosen_width = most;
-    return chosen_width;
+    return pick_width(wanted, 4, widest(), &chosen_width);
 }
 
 static int width(void) { return chosen_width ? chosen_width : helios_vector_width(0); }

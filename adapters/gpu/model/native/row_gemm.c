@@ -15,6 +15,7 @@
  * CPU runs is chosen on first use. `make` builds it with -ffp-contract=off -fno-fast-math so the
  * only fused operations are the explicit ones and no sum is reordered.
  */
+#include "../../native_width.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -195,12 +196,7 @@ static int widest(void) {
 /* The vector width in FP32 lanes: `wanted` (1, 8 or 16) when the CPU runs it, else the widest
  * it runs; 0 asks without changing. Tests use it to check that every width gives the same bits. */
 EXPORT int helios_gemm_width(int wanted) {
-    int most = widest();
-    if (wanted == 1 || (wanted == 8 && most >= 8) || (wanted == 16 && most >= 16))
-        chosen_width = wanted;
-    else if (wanted != 0 || chosen_width == 0)
-        chosen_width = most;
-    return chosen_width;
+    return pick_width(wanted, 1, widest(), &chosen_width);
 }
 
 /* out [count, out_stride] (outputs [first, stop) of each row) = rows [count, inner] (row
