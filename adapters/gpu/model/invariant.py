@@ -101,7 +101,7 @@ def blocked_attention(
     caches take its kernel instead (`native_gemm.attention`): the same contract in one pass
     per query row, keys added one by one in position order.
     """
-    native = native_gemm.attention(queries, key_cache, value_cache, kv_slots, mask, scale)
+    native = native_gemm.attention(queries, (key_cache, value_cache), kv_slots, mask, scale)
     if native is not None:
         return native
     count, heads, rows, head_dim = queries.shape

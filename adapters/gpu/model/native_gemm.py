@@ -107,14 +107,15 @@ def rows_times_weight(
 
 def attention(
     queries: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
+    caches: tuple[torch.Tensor, torch.Tensor],
     kv_slots: torch.Tensor,
     mask: torch.Tensor,
     scale: float,
 ) -> torch.Tensor | None:
     """invariant.blocked_attention in the kernel's fixed order (row_gemm.c's
-    helios_invariant_attention), or None where the torch blocks must serve (see module)."""
+    helios_invariant_attention) over the layer's (key, value) caches, or None where the torch
+    blocks must serve (see module)."""
+    key_cache, value_cache = caches
     native = library()
     if native is None or not applies(key_cache.flatten(1)) or queries.dtype != torch.float32:
         return None
