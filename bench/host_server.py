@@ -144,13 +144,7 @@ def run_engine_process(settings: HostSettings, address: str, tally_port: int) ->
     executors: list[SimulatedExecutor] = []
     metrics = PrometheusMetrics(DEFAULT_MODEL_NAME)
     engine, _, core, loop = start_simulated_engine(settings, metrics, executors)
-    hello = Hello(
-        name=DEFAULT_MODEL_NAME,
-        model_dir=str(core.model_dir),
-        max_model_len=engine.max_model_len,
-        limits=engine.logprob_limits,
-        engine_pid=os.getpid(),
-    )
+    hello = Hello.of_this_process(DEFAULT_MODEL_NAME, str(core.model_dir), engine)
     authkey = bytes.fromhex(os.environ[AUTHKEY_VARIABLE])
     server = EngineServer(engine, hello, ResponseStore(), address, authkey)
     server.start()

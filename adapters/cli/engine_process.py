@@ -41,13 +41,7 @@ def main() -> None:
     running = start_engine(config, metrics)
     loaded = running.loaded
     engine = loaded.engine
-    hello = Hello(
-        name=loaded.name,
-        model_dir=str(loaded.model_dir),
-        max_model_len=engine.max_model_len,
-        limits=engine.logprob_limits,
-        engine_pid=os.getpid(),
-    )
+    hello = Hello.of_this_process(loaded.name, str(loaded.model_dir), engine)
     server = EngineServer(
         engine, hello, ResponseStore(), config.engine_address, authkey, failure=loaded.failure
     )

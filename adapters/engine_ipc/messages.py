@@ -26,6 +26,7 @@ from domain.common.errors import (
     UnhealthyError,
 )
 from domain.emission.channel import OutputChannel
+from domain.engine.engine import Engine
 from domain.logprobs.rules import LogprobLimits
 from domain.requests.engine_request import EngineRequest
 
@@ -64,6 +65,11 @@ class Hello:
     @property
     def allow_logprobs(self) -> bool:
         return self.limits.top_k > 0
+
+    @staticmethod
+    def of_this_process(name: str, model_dir: str, engine: Engine) -> Hello:
+        """The greeting of the engine process that runs `engine` (this process)."""
+        return Hello(name, model_dir, engine.max_model_len, engine.logprob_limits, os.getpid())
 
 
 # Domain errors that may cross, by name; anything else arrives as a request failure (500).
