@@ -2,7 +2,7 @@
 
 Run: `.venv/bin/python bench/host.py [--seconds S] [--clients 1,8,32,64] [--step-ms 0,7]
 [--variants off,0,20] [--non-stream-variants off,20] [--endpoint chat|completions]
-[--scheduling sync,async]`.
+[--scheduling sync,async] [--rounds R]`.
 
 For each `--step-ms` it starts `bench/host_server.py` (gunicorn, the production HTTP/SSE stack,
 engine and emission, the real SmolLM2 tokenizer, `CompletionOutputs`; the simulated executor
@@ -15,7 +15,10 @@ latency (gaps between content frames), server and client CPU seconds per 1k toke
 executor's host bookkeeping per step (all steps, and steps of >= 56 lanes). Prints one table per
 step and the ratios of the variants, which come from the same run; with `--scheduling
 sync,async` each step runs a synchronous and an overlapped server (`helios serve
---async-scheduling`) and prints async over sync per cell.
+--async-scheduling`) and prints async over sync per cell. `--rounds R` runs every cell R times
+(the variants' order rotating) and prints each cell's median and the median of the rounds'
+paired ratios with their range: on a shared 2-core box one pair of cells can read 0.76x and
+the next 0.93x.
 
 `--micro` instead times the executor's bookkeeping in this process (no HTTP, no engine): one
 step of `--micro-lanes` decode lanes, submit and read, per variant. `--profile N:VARIANT` records
@@ -35,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +55,6 @@ from serve import free_port, percentile, server_process  # noqa: E402
 SERVER = Path(__file__).resolve().parent / "host_server.py"
 # The logprobs a variant asks for: None (off), or K alternatives (0: the chosen token only).
 VARIANTS: dict[str, int | None] = {"off": None, "0": 0, "20": 20}
-_decode = msgspec.json.Decoder().decode
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class Cell:
     clients: int
     variant: str
     stream: bool
+    round: int = 0
 
     @property
     def mode(self) -> str:
@@ -209,20 +212,54 @@ def request(endpoint: str, index: int, max_tokens: int, variant: str, stream: bo
     return body
 
 
-def frame_tokens(frame: dict, endpoint: str) -> int:
+class _Skipped(msgspec.Struct):
+    """A JSON value the bench only counts: msgspec skips its fields without building them."""
+
+
+class _Logprobs(msgspec.Struct):
+    content: list[_Skipped] | None = None  # chat
+    tokens: list[msgspec.Raw] | None = None  # completions
+
+
+class _Delta(msgspec.Struct):
+    content: str | None = None
+
+
+class _Choice(msgspec.Struct):
+    delta: _Delta | None = None
+    text: str | None = None
+    logprobs: _Logprobs | None = None
+
+
+class _Usage(msgspec.Struct):
+    completion_tokens: int
+
+
+class _Frame(msgspec.Struct):
+    """What the bench reads of a frame or a whole response; the rest is skipped unbuilt (a
+    K=20 chat frame is 1.7 KB of JSON, and the clients share the box with the server)."""
+
+    choices: list[_Choice] = []
+    usage: _Usage | None = None
+    error: dict | None = None
+
+
+_decode_frame = msgspec.json.Decoder(_Frame).decode
+
+
+def frame_tokens(frame: _Frame, endpoint: str) -> int:
     """Tokens one streamed frame carries: its logprob entries, else one per content delta."""
-    choices = frame.get("choices")
-    if not choices:
+    if not frame.choices:
         return 0
-    choice = choices[0]
-    logprobs = choice.get("logprobs")
+    choice = frame.choices[0]
+    logprobs = choice.logprobs
     if endpoint == "chat":
-        if logprobs:
-            return len(logprobs["content"])
-        return 1 if choice["delta"].get("content") else 0
-    if logprobs:
-        return len(logprobs["tokens"])
-    return 1 if choice.get("text") else 0
+        if logprobs is not None and logprobs.content is not None:
+            return len(logprobs.content)
+        return 1 if choice.delta is not None and choice.delta.content else 0
+    if logprobs is not None and logprobs.tokens is not None:
+        return len(logprobs.tokens)
+    return 1 if choice.text else 0
 
 
 async def posted(
@@ -238,33 +275,52 @@ async def posted(
         return await session.post(url, json=body)
 
 
-async def stream_one(
-    session: aiohttp.ClientSession, url: str, body: dict, endpoint: str, seen: Arrivals
-) -> None:
-    last = None
-    counted = 0
-    usage = None
+async def aiohttp_events(
+    session: aiohttp.ClientSession, url: str, body: dict, seen: Arrivals
+) -> AsyncIterator[bytes]:
+    """The `data:` payloads of one streamed response, read by aiohttp."""
     async with await posted(session, url, body, seen) as response:
         if response.status != 200:
             raise RuntimeError(f"HTTP {response.status}: {await response.text()}")
         async for line in response.content:
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                break
-            now = time.perf_counter()
-            frame = _decode(data)
-            if "error" in frame:
-                raise RuntimeError(f"the stream carried an error: {frame['error']}")
-            if frame.get("usage"):
-                usage = frame["usage"]["completion_tokens"]
-            tokens = frame_tokens(frame, endpoint)
-            if tokens:
-                if last is not None:
-                    seen.gaps.append((now, now - last))
-                seen.tokens.append((now, tokens))
-                last, counted = now, counted + tokens
+            if line.startswith(b"data:"):
+                yield line[5:].strip()
+
+
+async def aiohttp_body(
+    session: aiohttp.ClientSession, url: str, body: dict, seen: Arrivals
+) -> bytes:
+    """The whole body of one response, read by aiohttp."""
+    async with await posted(session, url, body, seen) as response:
+        raw = await response.read()
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status}: {raw[:500]!r}")
+    return raw
+
+
+async def stream_one(
+    events: AsyncIterator[bytes], body: dict, endpoint: str, seen: Arrivals
+) -> None:
+    """Counts one streamed response's tokens as its frames arrive and checks its usage."""
+    last = None
+    counted = 0
+    usage = None
+    async for data in events:
+        # Read on to the body's end, so that a kept-alive connection is ready for the next.
+        if data == b"[DONE]":
+            continue
+        now = time.perf_counter()
+        frame = _decode_frame(data)
+        if frame.error is not None:
+            raise RuntimeError(f"the stream carried an error: {frame.error}")
+        if frame.usage is not None:
+            usage = frame.usage.completion_tokens
+        tokens = frame_tokens(frame, endpoint)
+        if tokens:
+            if last is not None:
+                seen.gaps.append((now, now - last))
+            seen.tokens.append((now, tokens))
+            last, counted = now, counted + tokens
     if usage != body["max_tokens"]:
         raise RuntimeError(f"expected {body['max_tokens']} tokens, the usage said {usage}")
     if counted < usage:
@@ -273,14 +329,10 @@ async def stream_one(
     seen.requests += 1
 
 
-async def complete_one(
-    session: aiohttp.ClientSession, url: str, body: dict, endpoint: str, seen: Arrivals
-) -> None:
-    async with await posted(session, url, body, seen) as response:
-        raw = await response.read()
-        if response.status != 200:
-            raise RuntimeError(f"HTTP {response.status}: {raw[:500]!r}")
-    tokens = _decode(raw)["usage"]["completion_tokens"]
+def complete_one(raw: bytes, body: dict, seen: Arrivals) -> None:
+    """Counts one whole response's tokens and checks them against the request."""
+    usage = _decode_frame(raw).usage
+    tokens = usage.completion_tokens if usage is not None else None
     if tokens != body["max_tokens"]:
         raise RuntimeError(f"expected {body['max_tokens']} tokens, the usage said {tokens}")
     seen.tokens.append((time.perf_counter(), tokens))
@@ -300,7 +352,6 @@ async def run_cell(
     seen = Arrivals()
     started = time.perf_counter()
     window_end = started + args.warmup + args.seconds
-    one = stream_one if cell.stream else complete_one
 
     async def client(index: int) -> None:
         sent = 0
@@ -312,7 +363,11 @@ async def run_cell(
                 cell.variant,
                 cell.stream,
             )
-            await one(session, url, body, args.endpoint, seen)
+            if cell.stream:
+                events = aiohttp_events(session, url, body, seen)
+                await stream_one(events, body, args.endpoint, seen)
+            else:
+                complete_one(await aiohttp_body(session, url, body, seen), body, seen)
             sent += 1
 
     async def snapshot_at(moment: float) -> Snapshot:
@@ -453,17 +508,18 @@ def _ms(values: list[float], fraction: float | None = None) -> str:
 def table(results: list[CellResult], step_ms: float) -> str:
     ideal = f"{1000 / step_ms:.0f}" if step_ms else "-"
     lines = [
-        "| mode | clients | logprobs | tok/s | client tok/s | steps/s | ideal steps/s "
+        "| round | mode | clients | logprobs | tok/s | client tok/s | steps/s | ideal steps/s "
         "| lanes/step | ITL mean ms | ITL p50 ms | ITL p99 ms | server CPU s/1k tok "
         "| client CPU s/1k tok | executor CPU ms/step | same, steps >= 56 lanes "
         "| engine's process CPU ms/step | other processes' CPU (cores) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         per_k = 1000 / r.tokens if r.tokens else float("nan")
         wide = f"{1000 * r.wide_host_s / r.wide_steps:.2f}" if r.wide_steps else "-"
         lines.append(
-            f"| {r.cell.mode} | {r.cell.clients} | {r.cell.variant} | {r.tokens_per_s:,.0f} "
+            f"| {r.cell.round + 1} | {r.cell.mode} | {r.cell.clients} | {r.cell.variant} "
+            f"| {r.tokens_per_s:,.0f} "
             f"| {r.delivered / r.seconds:,.0f} | {r.steps_per_s:.0f} | {ideal} "
             f"| {r.lanes / max(r.steps, 1):.1f} "
             f"| {_ms(r.gaps_ms)} | {_ms(r.gaps_ms, 0.5)} | {_ms(r.gaps_ms, 0.99)} "
@@ -475,8 +531,12 @@ def table(results: list[CellResult], step_ms: float) -> str:
 
 
 def ratios(results: list[CellResult]) -> str:
-    """tok/s of one variant over another at each concurrency and mode, where both ran."""
-    rate = {(r.cell.mode, r.cell.clients, r.cell.variant): r.tokens_per_s for r in results}
+    """tok/s of one variant over another at each concurrency and mode, where both ran: with
+    several rounds, the median of the rounds' paired ratios and their range."""
+    rate = {
+        (r.cell.mode, r.cell.clients, r.cell.variant, r.cell.round): r.tokens_per_s for r in results
+    }
+    rounds = sorted({r.cell.round for r in results})
     pairs = [("20", "0"), ("0", "off"), ("20", "off")]
     lines = [
         "| mode | clients | "
@@ -484,24 +544,62 @@ def ratios(results: list[CellResult]) -> str:
         + " |",
         "|---|---|" + "---|" * len(pairs),
     ]
-    for mode, clients in dict.fromkeys((m, n) for m, n, _ in rate):
+    for mode, clients in dict.fromkeys((m, n) for m, n, _, _ in rate):
         cells = []
         for a, b in pairs:
-            top, bottom = rate.get((mode, clients, a)), rate.get((mode, clients, b))
-            cells.append(f"{top / bottom:.2f}x" if top and bottom else "-")
+            paired = [
+                top / bottom
+                for n in rounds
+                if (top := rate.get((mode, clients, a, n)))
+                and (bottom := rate.get((mode, clients, b, n)))
+            ]
+            cells.append(_ratio_text(paired))
         lines.append(f"| {mode} | {clients} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
+def medians(results: list[CellResult], step_ms: float) -> str:
+    """Each cell's median over the rounds: tok/s and steps/s (against the ideal)."""
+    by_cell: dict[tuple[str, int, str], list[CellResult]] = {}
+    for r in results:
+        by_cell.setdefault((r.cell.mode, r.cell.clients, r.cell.variant), []).append(r)
+    lines = [
+        "| mode | clients | logprobs | rounds | tok/s, median (range) | steps/s, median (range) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for (mode, clients, variant), runs in by_cell.items():
+        tokens = [r.tokens_per_s for r in runs]
+        steps = [r.steps_per_s for r in runs]
+        share = statistics.median(steps) * step_ms / 10
+        ideal = f", {share:.0f}% of ideal" if step_ms else ""
+        lines.append(
+            f"| {mode} | {clients} | {variant} | {len(runs)} "
+            f"| {statistics.median(tokens):,.0f} ({min(tokens):,.0f}-{max(tokens):,.0f}) "
+            f"| {statistics.median(steps):.0f} ({min(steps):.0f}-{max(steps):.0f}){ideal} |"
+        )
+    return "\n".join(lines)
+
+
+def _ratio_text(paired: list[float]) -> str:
+    """One ratio as `0.93x`; several as their median and range, `0.93x (0.88-0.97, 5)`."""
+    if not paired:
+        return "-"
+    if len(paired) == 1:
+        return f"{paired[0]:.2f}x"
+    middle = statistics.median(paired)
+    return f"{middle:.2f}x ({min(paired):.2f}-{max(paired):.2f}, {len(paired)})"
+
+
 def cells(args: argparse.Namespace) -> list[Cell]:
-    """Every cell, level by level; the variants' order rotates per level so that none always
-    runs first."""
+    """Every cell, round by round and level by level; the variants' order rotates per level
+    and per round so that none always runs first."""
     planned = []
-    for index, clients in enumerate(args.clients):
-        for stream, variants in ((True, args.variants), (False, args.non_stream_variants)):
-            shift = index % len(variants) if variants else 0
-            for variant in variants[shift:] + variants[:shift]:
-                planned.append(Cell(clients, variant, stream))
+    for round_ in range(args.rounds):
+        for index, clients in enumerate(args.clients):
+            for stream, variants in ((True, args.variants), (False, args.non_stream_variants)):
+                shift = (index + round_) % len(variants) if variants else 0
+                for variant in variants[shift:] + variants[:shift]:
+                    planned.append(Cell(clients, variant, stream, round_))
     return planned
 
 
@@ -511,15 +609,19 @@ async def bench_step(
     async with aiohttp.ClientSession() as session:
         warm = request(args.endpoint, 0, args.max_tokens, "20", True)
         path = "/v1/chat/completions" if args.endpoint == "chat" else "/v1/completions"
-        await stream_one(session, server.url + path, warm, args.endpoint, Arrivals())
+        seen = Arrivals()
+        await stream_one(
+            aiohttp_events(session, server.url + path, warm, seen), warm, args.endpoint, seen
+        )
     results = []
     for cell in cells(args):
         profile = None
-        if args.profile == (cell.clients, cell.variant) and cell.stream:
+        if args.profile == (cell.clients, cell.variant) and cell.stream and not cell.round:
             profile = Path(tempfile.mkdtemp(prefix="helios-host-profile-")) / "profile.txt"
         result = await run_cell(server, cell, args, profile)
         print(
-            f"step {step_ms} ms, {scheduling}, {cell.mode}, N={cell.clients}, "
+            f"step {step_ms} ms, {scheduling}, round {cell.round + 1}, {cell.mode}, "
+            f"N={cell.clients}, "
             f"logprobs {cell.variant}: "
             f"{result.tokens_per_s:,.0f} tok/s ({result.delivered / result.seconds:,.0f} "
             f"delivered), {result.steps_per_s:.0f} steps/s, {result.requests} requests"
@@ -536,6 +638,9 @@ async def bench_step(
             print(f"\n(collapsed stacks: {profile})\n")
     print(f"\n### simulated device step {step_ms:g} ms, {scheduling} scheduling\n")
     print(table(results, step_ms))
+    if args.rounds > 1:
+        print()
+        print(medians(results, step_ms))
     print()
     print(ratios(results))
     return results
@@ -544,19 +649,21 @@ async def bench_step(
 def scheduling_ratios(by_mode: dict[str, list[CellResult]]) -> str:
     """tok/s and steps/s of async scheduling over sync in each cell both ran."""
     rates = {
-        mode: {(r.cell.mode, r.cell.clients, r.cell.variant): r for r in results}
+        mode: {(r.cell.mode, r.cell.clients, r.cell.variant, r.cell.round): r for r in results}
         for mode, results in by_mode.items()
     }
     lines = [
-        "| mode | clients | logprobs | tok/s async / sync | steps/s async / sync |",
-        "|---|---|---|---|---|",
+        "| mode | clients | logprobs | round | tok/s async / sync | steps/s async / sync |",
+        "|---|---|---|---|---|---|",
     ]
     for key, synchronous in rates.get("sync", {}).items():
         overlapped = rates.get("async", {}).get(key)
         if overlapped and synchronous.tokens_per_s and synchronous.steps_per_s:
             tokens = overlapped.tokens_per_s / synchronous.tokens_per_s
             steps = overlapped.steps_per_s / synchronous.steps_per_s
-            lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {tokens:.2f}x | {steps:.2f}x |")
+            lines.append(
+                f"| {key[0]} | {key[1]} | {key[2]} | {key[3] + 1} | {tokens:.2f}x | {steps:.2f}x |"
+            )
     return "\n".join(lines)
 
 
@@ -651,6 +758,12 @@ def main() -> int:
     parser.add_argument("--variants", type=_variants, default=["off", "0", "20"])
     parser.add_argument("--non-stream-variants", type=_variants, default=["off", "20"])
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every cell this many times, variants rotating; ratios are the rounds' median",
+    )
     parser.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
     parser.add_argument(
         "--profile",
