@@ -17,6 +17,7 @@ from adapters.http.serving import ServedModel
 from adapters.http.streaming import stream_chunks
 from domain.common.wire import JsonObject, JsonText
 from domain.emission.outputs import ChoiceDelta, LogprobEntry, Usage
+from domain.logprobs.values import LogprobOptions
 from domain.parsers.build import choice_parser
 from domain.parsers.forced import whole_forced_answer
 from domain.parsers.parsed import ParserConfig
@@ -54,7 +55,10 @@ class ChatCompletionsResource(PostEndpoint):
         if parsers.parses:
             body = [_parsed_choice(c, job, writer, parsers) for c in collected.choices]
         else:
-            body = [chat_choice(c, _logprobs(job, c.logprobs, writer)) for c in collected.choices]
+            options = job.logprobs
+            body = [
+                chat_choice(c, _logprobs(options, c.logprobs, writer)) for c in collected.choices
+            ]
         prompt_logprobs = None
         if job.prompt_logprobs is not None:
             prompt_logprobs = vllm_prompt_logprobs(
@@ -67,20 +71,23 @@ class ChatCompletionsResource(PostEndpoint):
 
 
 def _logprobs(
-    job: ApiRequest, entries: Sequence[LogprobEntry], writer: LogprobJson
+    options: LogprobOptions | None, entries: Sequence[LogprobEntry], writer: LogprobJson
 ) -> JsonText | None:
-    """`chat_logprobs` of the entries, written as JSON text (`logprob_json`)."""
-    if job.logprobs is None:
+    """`chat_logprobs` of the entries, written as JSON text (`logprob_json`); `options` is
+    the request's `job.logprobs`, which streams read once rather than once a chunk."""
+    if options is None:
         return None
-    return writer.chat(entries, job.logprobs)
+    return writer.chat(entries, options)
 
 
 def _stream(
     header: ResponseHeader, job: ApiRequest, group: RequestGroup, writer: LogprobJson
 ) -> AsyncIterator[SSEvent]:
+    options = job.logprobs
+
     def build(index: int, delta: ChoiceDelta, text: str, usage: Usage | None) -> dict:
         content: dict = {"content": text} if text else {}
-        logprobs = _logprobs(job, delta.logprobs, writer)
+        logprobs = _logprobs(options, delta.logprobs, writer)
         return chat_chunk(
             header, index, content, delta.finish_reason, delta.stop_reason, usage, logprobs
         )
@@ -107,7 +114,7 @@ def _parsed_choice(
     return {
         "index": choice.index,
         "message": parsed_message(parsed, reasoning=parsers.reasoning_parser is not None),
-        "logprobs": _logprobs(job, parsed.content_logprobs, writer),
+        "logprobs": _logprobs(job.logprobs, parsed.content_logprobs, writer),
         "finish_reason": tool_finish(parsed.finish_reason, bool(parsed.tool_calls)),
         "stop_reason": parsed.stop_reason,
     }
@@ -124,6 +131,7 @@ def _parsed_stream(
     nothing, and the entries of content travel in the chunk that carries their text."""
     choices = {index: choice_parser(index, parsers) for index in range(job.n)}
     called: set[int] = set()
+    options = job.logprobs
 
     def build(index: int, delta: ChoiceDelta, text: str, usage: Usage | None) -> dict | None:
         parsed = choices[index].feed(delta)
@@ -131,7 +139,7 @@ def _parsed_stream(
             called.add(index)
         if parsed.empty and not parsed.content_logprobs:
             return None
-        logprobs = _logprobs(job, parsed.content_logprobs, writer)
+        logprobs = _logprobs(options, parsed.content_logprobs, writer)
         finish = tool_finish(parsed.finish_reason, index in called)
         return chat_chunk(
             header, index, parsed_delta(parsed), finish, parsed.stop_reason, usage, logprobs

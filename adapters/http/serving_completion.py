@@ -90,6 +90,8 @@ class _LogprobView:
 
     def __init__(self, job: ApiRequest, rendering: TokenRendering, tokenizer: Tokenizer) -> None:
         self._job = job
+        # Read once: `job.logprobs` builds (and checks) the options on each read.
+        self._options = job.logprobs
         self._rendering = rendering
         self._tokenizer = tokenizer
         self._echoed: dict[int, dict] = {}
@@ -106,11 +108,11 @@ class _LogprobView:
         """`choices[index].logprobs` (or a chunk's); with echo the prompt's entries lead (in a
         stream, in the choice's first chunk only) and generated text offsets follow the echoed
         prompt text."""
-        job = self._job
-        if job.logprobs is None:
+        job, options = self._job, self._options
+        if options is None:
             return None
         base = len(_echo_prefix(job, index))
-        generated = completion_logprobs(entries, job.logprobs, self._rendering, offset_base=base)
+        generated = completion_logprobs(entries, options, self._rendering, offset_base=base)
         if not (job.echoes_logprobs and with_prompt):
             return generated
         return join_completion_logprobs(self._echo(index // job.n, scores), generated)

@@ -23,12 +23,16 @@ class OutputChannel:
             raise ValueError("capacity must be at least 2")
         self._capacity = capacity
         self._items: deque[Item] = deque()
-        self._ready = threading.Condition()
+        # A plain lock taken directly (C) on the hot paths, `put` and `get_nowait`, once per
+        # token; the condition over it only for blocking `get`s, notified when one waits.
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)
+        self._waiting = 0
         self._on_ready = on_ready
         self._closed = False
 
     def put(self, item: Item) -> None:
-        with self._ready:
+        with self._lock:
             if self._closed:
                 return
             if not isinstance(item, RequestEnd) and len(self._items) >= self._capacity - 1:
@@ -37,7 +41,8 @@ class OutputChannel:
                 self._items.append(item)
             if isinstance(item, RequestEnd):
                 self._closed = True
-            self._ready.notify_all()
+            if self._waiting:
+                self._ready.notify_all()
         if self._on_ready is not None:
             self._on_ready()
 
@@ -57,17 +62,21 @@ class OutputChannel:
         self._items.append(item)
 
     def __len__(self) -> int:
-        with self._ready:
+        with self._lock:
             return len(self._items)
 
     def get_nowait(self) -> Item | None:
-        with self._ready:
+        with self._lock:
             return self._items.popleft() if self._items else None
 
     def get(self, timeout: float | None = None) -> Item | None:
-        with self._ready:
+        with self._lock:
             if not self._items:
-                self._ready.wait(timeout)
+                self._waiting += 1
+                try:
+                    self._ready.wait(timeout)
+                finally:
+                    self._waiting -= 1
             return self._items.popleft() if self._items else None
 
     def __iter__(self) -> Iterator[Item]:

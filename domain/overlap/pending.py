@@ -52,6 +52,6 @@ def resolve_pending(plan: StepPlan, previous: Iterable[CompletionRecord]) -> Ste
         if PENDING_TOKEN in work.token_ids:
             token = last.get((work.slot, work.epoch), ORPHAN_TOKEN)
             filled = tuple(token if t == PENDING_TOKEN else t for t in work.token_ids)
-            work = dataclasses.replace(work, token_ids=filled)
+            work = work.feeding(filled)
         works.append(work)
     return dataclasses.replace(plan, works=tuple(works))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 from domain.emission.channel import OutputChannel
 from domain.emission.outputs import ChoiceDelta, RequestEnd, Usage
 
@@ -34,3 +37,26 @@ def test_nothing_is_accepted_after_the_end():
     channel.put(ChoiceDelta(0, "late"))
 
     assert len(channel) == 1
+
+
+def test_a_reader_blocked_in_get_wakes_when_an_item_is_put():
+    channel = OutputChannel()
+    got: list = []
+    reader = threading.Thread(target=lambda: got.append(channel.get(timeout=30)))
+    reader.start()
+    deadline = time.monotonic() + 30
+    while not channel._waiting and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert channel._waiting == 1  # the reader waits on the condition now
+    channel.put(ChoiceDelta(0, "a", (1,)))
+    reader.join(timeout=30)
+    assert got == [ChoiceDelta(0, "a", (1,))]
+    assert channel._waiting == 0
+
+
+def test_a_get_that_times_out_returns_nothing_and_stops_waiting():
+    channel = OutputChannel()
+    assert channel.get(timeout=0.01) is None
+    assert channel._waiting == 0
+    channel.put(ChoiceDelta(0, "b", (2,)))
+    assert channel.get(timeout=0.01) == ChoiceDelta(0, "b", (2,))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -142,3 +143,24 @@ def test_drafts_planned_for_a_lane_that_does_not_verify_are_refused_not_fed():
 
     with pytest.raises(ValueError, match="does not verify"):
         _work(sequence, 1, False, Proposal(drafts=(5, 6)))
+
+
+def test_a_lane_feeding_other_tokens_keeps_every_other_field():
+    # Every field set away from its default, so a field `feeding` forgot would show.
+    work = lane(
+        token_ids=(7, 8),
+        prompt_targets=(8, 9),
+        grammar=GrammarLane(CHOICE, 5),
+    )
+    fed = work.feeding((11, 12))
+    assert fed == dataclasses.replace(work, token_ids=(11, 12))
+    assert lane(forced_token=4).feeding((9,)) == lane(forced_token=4, token_ids=(9,))
+    speculating = lane(token_ids=(7, 3), speculation=DraftLane(drafts=(3,)))
+    assert speculating.feeding((7, 3)) == speculating
+    # A field added to SlotWork has to be added to `feeding` (and here).
+    assert [f.name for f in dataclasses.fields(SlotWork)] == [
+        "slot", "epoch", "token_ids", "start_position", "block_table", "prompt_len",
+        "sample", "sampling", "prompt_targets", "speculation", "grammar", "forced_token",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="at least one token"):
+        work.feeding(())
