@@ -142,7 +142,7 @@ def run_engine_process(settings: HostSettings, address: str, tally_port: int) ->
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda number, frame: stopping.set())
     executors: list[SimulatedExecutor] = []
-    metrics = PrometheusMetrics(DEFAULT_MODEL_NAME)
+    metrics = PrometheusMetrics(DEFAULT_MODEL_NAME, reports_engine=True)
     engine, _, core, loop = start_simulated_engine(settings, metrics, executors)
     hello = Hello.of_this_process(DEFAULT_MODEL_NAME, str(core.model_dir), engine)
     authkey = bytes.fromhex(os.environ[AUTHKEY_VARIABLE])
@@ -193,7 +193,7 @@ class _ExecutorTally:
 
 def create_bench_app(settings: HostSettings) -> falcon.asgi.App:
     """The production app (`adapters.cli.asgi.create_app`) over the simulated model."""
-    metrics = PrometheusMetrics(DEFAULT_MODEL_NAME)
+    metrics = PrometheusMetrics(DEFAULT_MODEL_NAME, reports_engine=True)
     executors: list[SimulatedExecutor] = []
     holder = ModelHolder(loader=lambda: load_simulated_model(settings, metrics, executors))
     app = create_app(holder, HttpSettings(), metrics)

@@ -118,8 +118,12 @@ def connect_served_model(config: ServeConfig) -> ServedModel:
 def create_app(config: ServeConfig | None = None) -> falcon.asgi.App:
     config = config or ServeConfig.from_environment()
     # One metrics object per app: the engine reports steps to it, the app counts errors in it.
-    metrics = PrometheusMetrics(bootstrap.served_name(config.model, config.served_model_name))
-    if config.api_server_count > 1:
+    reports_engine = config.api_server_count <= 1
+    metrics = PrometheusMetrics(
+        bootstrap.served_name(config.model, config.served_model_name),
+        reports_engine=reports_engine,
+    )
+    if not reports_engine:
         # One of several API processes: the engine process reports the engine's steps.
         holder = ModelHolder(loader=lambda: connect_served_model(config))
         settings = HttpSettings(api_key=config.api_key, name_process=True)

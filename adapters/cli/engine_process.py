@@ -37,7 +37,9 @@ def main() -> None:
     if config.engine_address is None:
         raise SystemExit("the engine process needs HELIOS_SERVE_CONFIG with engine_address")
     authkey = bytes.fromhex(os.environ[AUTHKEY_VARIABLE])
-    metrics = PrometheusMetrics(bootstrap.served_name(config.model, config.served_model_name))
+    metrics = PrometheusMetrics(
+        bootstrap.served_name(config.model, config.served_model_name), reports_engine=True
+    )
     running = start_engine(config, metrics)
     loaded = running.loaded
     engine = loaded.engine

@@ -30,10 +30,17 @@ GAUGE_MODE: Final = "livemostrecent"
 class PrometheusMetrics:
     """Implements `ports.metrics.EngineObserver` and `RejectionObserver` for one model name.
 
-    Every series carries `model_name`; `render` is what `GET /metrics` sends.
+    Every series carries `model_name`; `render` is what `GET /metrics` sends. The process that
+    reports the engine's steps passes `reports_engine`: its gauges read 0 from the start.
     """
 
-    def __init__(self, model_name: str, registry: MetricsRegistry | None = None) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        registry: MetricsRegistry | None = None,
+        *,
+        reports_engine: bool = False,
+    ) -> None:
         self._registry = registry or MetricsRegistry.from_environment()
         self._model_name = model_name
         owner = self._registry.owner
@@ -56,6 +63,13 @@ class PrometheusMetrics:
         self._kv_usage = gauge(
             "vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use; 1 means all."
         )
+        if reports_engine:
+            # In multiprocess mode a gauge never set has no sample at all (its newest value
+            # is the one with a timestamp), so before the engine's first step `/metrics`
+            # lacked the three; only the engine's reporter sets them, so that an API process
+            # started later never overwrites a live value with 0.
+            for idle in (self._running, self._waiting, self._kv_usage):
+                idle.set(0)
         self._prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens prefilled.")
         self._generation_tokens = counter("vllm:generation_tokens", "Tokens generated.")
         self._preemptions = counter("vllm:num_preemptions", "Sequences preempted.")

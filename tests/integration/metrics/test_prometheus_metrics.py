@@ -216,6 +216,44 @@ def test_a_dead_worker_s_gauges_are_forgotten_and_its_counters_kept(
     assert merged.value("vllm:generation_tokens_total", model_name=MODEL) == 5
 
 
+_IDLE = textwrap.dedent(
+    """
+    import sys
+    from adapters.metrics.prometheus import PrometheusMetrics
+
+    metrics = PrometheusMetrics("tiny", reports_engine=sys.argv[1] == "engine")
+    print(metrics.render().decode())
+    """
+)
+
+
+def _idle_render(directory: Path, role: str) -> Scrape:
+    directory.mkdir()
+    environment = {MULTIPROCESS_VARIABLE: str(directory), "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", _IDLE, role],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return Scrape(done.stdout)
+
+
+def test_the_engine_s_reporter_shows_idle_gauges_before_any_step_and_api_processes_do_not(
+    tmp_path: Path,
+):
+    gauges = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+
+    api_only = _idle_render(tmp_path / "api", "api")
+    engine = _idle_render(tmp_path / "engine", "engine")
+
+    # An API process leaves the gauges to the engine's process: it never writes one.
+    assert not set(gauges) & api_only.names()
+    assert [engine.value(name, model_name=MODEL) for name in gauges] == [0, 0, 0]
+
+
 def test_without_the_variable_the_registry_is_private_to_the_instance():
     registry = MetricsRegistry.from_environment({})
 
