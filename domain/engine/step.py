@@ -64,24 +64,6 @@ class SlotWork:
         if self.grammar is not None and self.grammar.start < self.prompt_len:
             raise ValueError("a grammar starts at a generated position")
 
-    def feeding(self, token_ids: tuple[int, ...]) -> SlotWork:
-        """This lane feeding `token_ids` instead (a filled-in placeholder), everything else the
-        same; positional, since `dataclasses.replace` cost twice as much on the step's path."""
-        return SlotWork(
-            self.slot,
-            self.epoch,
-            token_ids,
-            self.start_position,
-            self.block_table,
-            self.prompt_len,
-            self.sample,
-            self.sampling,
-            self.prompt_targets,
-            self.speculation,
-            self.grammar,
-            self.forced_token,
-        )
-
     @property
     def drafts(self) -> tuple[int, ...]:
         return () if self.speculation is None else self.speculation.drafts

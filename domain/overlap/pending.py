@@ -10,7 +10,7 @@ from domain.contract.records import CompletionRecord
 
 if TYPE_CHECKING:  # the engine plans with these rules: naming its types at run time is a cycle
     from domain.engine.sequence import Sequence
-    from domain.engine.step import StepPlan
+    from domain.engine.step import SlotWork, StepPlan
 
 # What a lane planned ahead feeds at the position of the token its slot's submission in flight
 # samples: only the executor, which ran that submission first, knows the token.
@@ -41,6 +41,26 @@ def may_plan_ahead(running: Iterable[Sequence], waiting: Iterable[Sequence]) -> 
     return all(plans_ahead(s) for s in running) and not any(s.needs_scoring for s in waiting)
 
 
+def feeding(work: SlotWork, token_ids: tuple[int, ...]) -> SlotWork:
+    """`work` feeding `token_ids` instead (a filled-in placeholder), every other field the same.
+    Positional, since `dataclasses.replace` cost twice as much on the step's path; `type(work)`
+    since naming the lane's class at run time is the cycle above."""
+    return type(work)(
+        work.slot,
+        work.epoch,
+        token_ids,
+        work.start_position,
+        work.block_table,
+        work.prompt_len,
+        work.sample,
+        work.sampling,
+        work.prompt_targets,
+        work.speculation,
+        work.grammar,
+        work.forced_token,
+    )
+
+
 def resolve_pending(plan: StepPlan, previous: Iterable[CompletionRecord]) -> StepPlan:
     """The plan an executor runs: each placeholder replaced by the last token its slot emitted
     (at the lane's epoch) in the executor's previous submission, `previous` being its records."""
@@ -52,6 +72,6 @@ def resolve_pending(plan: StepPlan, previous: Iterable[CompletionRecord]) -> Ste
         if PENDING_TOKEN in work.token_ids:
             token = last.get((work.slot, work.epoch), ORPHAN_TOKEN)
             filled = tuple(token if t == PENDING_TOKEN else t for t in work.token_ids)
-            work = work.feeding(filled)
+            work = feeding(work, filled)
         works.append(work)
     return dataclasses.replace(plan, works=tuple(works))

@@ -12,6 +12,7 @@ from domain.engine.sequence import Sequence
 from domain.engine.step import SlotWork
 from domain.logprobs.scoring import PromptScoring
 from domain.logprobs.values import NO_TOKEN
+from domain.overlap.pending import feeding
 from domain.requests.choice_sampling import ChoiceSampling, LaneSampling
 from domain.requests.sampling import SamplingParams
 from domain.speculation.choice import ChoiceSpeculation, DraftLane, Proposal
@@ -152,15 +153,15 @@ def test_a_lane_feeding_other_tokens_keeps_every_other_field():
         prompt_targets=(8, 9),
         grammar=GrammarLane(CHOICE, 5),
     )
-    fed = work.feeding((11, 12))
+    fed = feeding(work, (11, 12))
     assert fed == dataclasses.replace(work, token_ids=(11, 12))
-    assert lane(forced_token=4).feeding((9,)) == lane(forced_token=4, token_ids=(9,))
+    assert feeding(lane(forced_token=4), (9,)) == lane(forced_token=4, token_ids=(9,))
     speculating = lane(token_ids=(7, 3), speculation=DraftLane(drafts=(3,)))
-    assert speculating.feeding((7, 3)) == speculating
+    assert feeding(speculating, (7, 3)) == speculating
     # A field added to SlotWork has to be added to `feeding` (and here).
     assert [f.name for f in dataclasses.fields(SlotWork)] == [
         "slot", "epoch", "token_ids", "start_position", "block_table", "prompt_len",
         "sample", "sampling", "prompt_targets", "speculation", "grammar", "forced_token",
     ]  # fmt: skip
     with pytest.raises(ValueError, match="at least one token"):
-        work.feeding(())
+        feeding(work, ())
