@@ -44,6 +44,7 @@ from adapters.cli.asgi import create_app as create_api_process_app  # noqa: E402
 from adapters.cli.bootstrap import DEFAULT_MODEL_NAME  # noqa: E402
 from adapters.cli.engine_supervisor import AUTHKEY_VARIABLE, EngineProcess  # noqa: E402
 from adapters.cli.engine_thread import EngineLoop  # noqa: E402
+from adapters.cli.heap import freeze_start_up_heap  # noqa: E402
 from adapters.cli.serve_config import ServeConfig  # noqa: E402
 from adapters.core.export import CoreSizes, resolve_core  # noqa: E402
 from adapters.core.manifest import LoadedCore  # noqa: E402
@@ -125,6 +126,7 @@ def load_simulated_model(
     """What `adapters.cli.asgi.load_served_model` builds, with the simulated executor and no
     grammar compiler (constrained requests get a 400)."""
     engine, tokenizer, _, loop = start_simulated_engine(settings, metrics, executors)
+    freeze_start_up_heap()
     return ServedModel(
         name=DEFAULT_MODEL_NAME,
         tokenizer=tokenizer,
@@ -148,6 +150,7 @@ def run_engine_process(settings: HostSettings, address: str, tally_port: int) ->
     authkey = bytes.fromhex(os.environ[AUTHKEY_VARIABLE])
     server = EngineServer(engine, hello, ResponseStore(), address, authkey)
     server.start()
+    freeze_start_up_heap()
     tally = _tally_server(tally_port, executors[0])
     threading.Thread(target=tally.serve_forever, name="bench-tally", daemon=True).start()
     stopping.wait()

@@ -18,6 +18,7 @@ import falcon.asgi
 from adapters.cli import bootstrap
 from adapters.cli.engine_supervisor import AUTHKEY_VARIABLE
 from adapters.cli.engine_thread import EngineLoop
+from adapters.cli.heap import freeze_start_up_heap
 from adapters.cli.serve_config import ServeConfig
 from adapters.engine_ipc.client import EngineLink, RemoteEngine, RemoteResponseStore
 from adapters.http.app import create_app as create_http_app
@@ -123,10 +124,15 @@ def create_app(config: ServeConfig | None = None) -> falcon.asgi.App:
         bootstrap.served_name(config.model, config.served_model_name),
         reports_engine=reports_engine,
     )
-    if not reports_engine:
-        # One of several API processes: the engine process reports the engine's steps.
-        holder = ModelHolder(loader=lambda: connect_served_model(config))
-        settings = HttpSettings(api_key=config.api_key, name_process=True)
-        return create_http_app(holder, settings, metrics)
-    holder = ModelHolder(loader=lambda: load_served_model(config, metrics))
-    return create_http_app(holder, HttpSettings(api_key=config.api_key), metrics)
+
+    def load() -> ServedModel:
+        if reports_engine:
+            served = load_served_model(config, metrics)
+        else:
+            # One of several API processes: the engine process reports the engine's steps.
+            served = connect_served_model(config)
+        freeze_start_up_heap()
+        return served
+
+    settings = HttpSettings(api_key=config.api_key, name_process=not reports_engine)
+    return create_http_app(ModelHolder(loader=load), settings, metrics)

@@ -14,6 +14,7 @@ import threading
 from adapters.cli import bootstrap
 from adapters.cli.asgi import start_engine
 from adapters.cli.engine_supervisor import AUTHKEY_VARIABLE
+from adapters.cli.heap import freeze_start_up_heap
 from adapters.cli.serve_config import ServeConfig
 from adapters.engine_ipc.messages import Hello
 from adapters.engine_ipc.server import EngineServer
@@ -48,6 +49,7 @@ def main() -> None:
         engine, hello, ResponseStore(), config.engine_address, authkey, failure=loaded.failure
     )
     server.start()
+    freeze_start_up_heap()
     _log.info("the engine serves %s at %s", loaded.name, config.engine_address)
     while not stopping.wait(_PARENT_CHECK_S):
         if os.getppid() != parent:

@@ -6,6 +6,7 @@ from typing import Final
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from adapters.metrics.batched import observe_all
 from adapters.metrics.registry import CONTENT_TYPE, MetricsRegistry
 from domain.telemetry.step_stats import FINISH_REASONS, StepStats
 
@@ -174,12 +175,9 @@ class PrometheusMetrics:
         for position, rounds in enumerate(stats.spec_accepted_per_position):
             if rounds:
                 self._spec_per_position.labels(self._model_name, str(position)).inc(rounds)
-        for seconds in stats.queue_times:
-            self._queue.observe(seconds)
-        for seconds in stats.first_token_times:
-            self._time_to_first_token.observe(seconds)
-        for seconds in stats.inter_token_times:
-            self._inter_token.observe(seconds)
+        observe_all(self._queue, stats.queue_times)
+        observe_all(self._time_to_first_token, stats.first_token_times)
+        observe_all(self._inter_token, stats.inter_token_times)
         for finished in stats.finished:
             reason = self._success_by_reason.get(finished.reason)
             if reason is None:
