@@ -7,6 +7,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 
 from domain.emission.outputs import ChoiceDelta, PromptScores, RequestEnd
+from domain.emission.rings import ReadyRings
 
 Item = ChoiceDelta | PromptScores | RequestEnd
 
@@ -29,7 +30,12 @@ class OutputChannel:
         self._ready = threading.Condition(self._lock)
         self._waiting = 0
         self._on_ready = on_ready
+        self._rings: ReadyRings | None = None
         self._closed = False
+
+    def ring_through(self, rings: ReadyRings) -> None:
+        """From now on `on_ready` is called through `rings`: once a step, after its emission."""
+        self._rings = rings
 
     def put(self, item: Item) -> None:
         with self._lock:
@@ -44,7 +50,10 @@ class OutputChannel:
             if self._waiting:
                 self._ready.notify_all()
         if self._on_ready is not None:
-            self._on_ready()
+            if self._rings is None:
+                self._on_ready()
+            else:
+                self._rings.ring(self._on_ready)
 
     def _merge(self, item: ChoiceDelta | PromptScores) -> None:
         """Into the newest queued item of the same kind (and choice), keeping the order of kinds:

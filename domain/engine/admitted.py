@@ -13,6 +13,7 @@ from domain.contract.records import CompletionRecord
 from domain.emission.channel import OutputChannel
 from domain.emission.outputs import ChoiceDelta, PromptScores
 from domain.emission.request_output import RequestOutput
+from domain.emission.rings import ReadyRings
 from domain.engine.scheduler import Scheduler
 from domain.engine.sequence import Sequence
 from domain.engine.step import StepPlan
@@ -63,9 +64,11 @@ class AdmittedRequests:
         self._max_model_len = max_model_len
         self._speculative = speculative
         self._running: dict[str, _Request] = {}
+        self.rings = ReadyRings()  # held by the engine through each step
 
     def admit(self, checked: CheckedRequest, channel: OutputChannel, arrived: float) -> None:
         request = checked.request
+        channel.ring_through(self.rings)
         output = RequestOutput(request, channel, self._tokenizer)
         if request.request_id in self._running:
             output.close(f"request ID {request.request_id} is already running")
@@ -122,9 +125,8 @@ class AdmittedRequests:
             self._end(entry, "error", message)
 
     def retire(self, failures: tuple[LaneFailure, ...]) -> None:
-        """Fails the requests of the lanes the executor retired, each with its own message,
-        before the frame commits: their slots are free, so the commit passes their records
-        by, and the frame's other lanes go on."""
+        """Fails the requests of the lanes the executor retired, each with its message, before
+        the frame commits: the commit passes their freed slots' records by, the rest go on."""
         for failure in failures:
             if (owner := self._owner(failure.slot, failure.epoch)) is not None:
                 self._end(owner[1], "error", failure.message, failure.param)
@@ -147,8 +149,7 @@ class AdmittedRequests:
     def _publish_scores(
         self, entry: _Request, sequence: Sequence, result: FrameResult, lane: int
     ) -> bool:
-        """Puts a scored lane's new prompt scores on the channel; False when that failed the
-        request."""
+        """Puts a scored lane's new prompt scores out; False when that failed the request."""
         if (scoring := sequence.scoring) is None:
             return True
         rows = result.prompt_scores[lane] if lane < len(result.prompt_scores) else None
@@ -183,8 +184,7 @@ class AdmittedRequests:
         record: CompletionRecord,
         payload: tuple[PositionLogprobs, ...] | None,
     ) -> None:
-        """Runs the record through the choice's emission machine; the kept tokens become the
-        sequence's outputs."""
+        """Runs the record through the choice's emission; its kept tokens become outputs."""
         timeline = entry.timelines[sequence.index]
         self._tally.output(timeline, len(record.tokens), len(sequence.prompt))
         try:
@@ -214,9 +214,8 @@ class AdmittedRequests:
     def _end(
         self, entry: _Request, reason: str, error: str | None = None, param: str | None = None
     ) -> None:
-        """Ends every unfinished choice with `reason` and closes the request: an abort tells
-        each choice's consumer; a failure says `error` in the request's end only, `param`
-        naming the request's own input when that is at fault."""
+        """Ends every unfinished choice with `reason` and closes the request: an abort tells each
+        choice's consumer; a failure says `error` (`param`: the input at fault) in its end only."""
         entry.deferred = []
         for index in entry.output.stop(reason, tell=error is None):
             self._scheduler.finish(entry.sequences[index])

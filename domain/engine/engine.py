@@ -137,7 +137,8 @@ class Engine:
     def step(self) -> None:
         """Admits queued requests and runs one step of the model, if any lane can run."""
         try:
-            self._step()
+            with self._requests.rings:
+                self._step()
         finally:
             self._tally.report(self._scheduler.occupancy(), self._scheduler.totals())
 

@@ -1,0 +1,51 @@
+"""Consumers woken once a step: the ready calls of the channels a step delivered to."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from types import TracebackType
+
+
+class ReadyRings:
+    """While held (the engine's step, as a `with` block), a channel's ready call is kept, once
+    per channel, and made when the step ends; outside a step it is made at once.
+
+    A consumer woken at a step's first delivery read a part of the step: the engine process's
+    socket writer sent about four messages a step to each API process at 64 streams (each a
+    pickle, a write, a wake-up there) and took the engine thread's GIL turns while it did.
+    Woken once the step has delivered to all, it reads the whole step in one go, as vLLM's
+    engine core sends one batch of outputs a step. A lane's outputs reach its consumer at
+    most the rest of the step's emission later.
+    """
+
+    def __init__(self) -> None:
+        # A plain lock: a channel written from another thread while a step runs must not
+        # slip its call between the step's release and the next hold.
+        self._lock = threading.Lock()
+        self._held: dict[Callable[[], None], None] | None = None
+
+    def ring(self, on_ready: Callable[[], None]) -> None:
+        """`on_ready()` now, or when the step that holds the rings ends."""
+        with self._lock:
+            held = self._held
+            if held is not None:
+                held[on_ready] = None
+                return
+        on_ready()
+
+    def __enter__(self) -> ReadyRings:
+        with self._lock:
+            self._held = {}
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        with self._lock:
+            held, self._held = self._held or {}, None
+        for on_ready in held:
+            on_ready()
