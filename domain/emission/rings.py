@@ -20,23 +20,22 @@ class ReadyRings:
     """
 
     def __init__(self) -> None:
-        # A plain lock: a channel written from another thread while a step runs must not
-        # slip its call between the step's release and the next hold.
-        self._lock = threading.Lock()
+        # Held and released by the engine thread, whose puts are the ones kept: a put from any
+        # other thread calls at once, so no lock is needed (none on the per-delta path).
+        self._owner: int | None = None
         self._held: dict[Callable[[], None], None] | None = None
 
     def ring(self, on_ready: Callable[[], None]) -> None:
         """`on_ready()` now, or when the step that holds the rings ends."""
-        with self._lock:
-            held = self._held
-            if held is not None:
-                held[on_ready] = None
-                return
-        on_ready()
+        held = self._held
+        if held is not None and threading.get_ident() == self._owner:
+            held[on_ready] = None
+        else:
+            on_ready()
 
     def __enter__(self) -> ReadyRings:
-        with self._lock:
-            self._held = {}
+        self._owner = threading.get_ident()
+        self._held = {}
         return self
 
     def __exit__(
@@ -45,7 +44,6 @@ class ReadyRings:
         error: BaseException | None,
         trace: TracebackType | None,
     ) -> None:
-        with self._lock:
-            held, self._held = self._held or {}, None
+        held, self._held = self._held or {}, None
         for on_ready in held:
             on_ready()

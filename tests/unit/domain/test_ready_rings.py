@@ -108,3 +108,18 @@ def test_an_engine_step_wakes_each_request_once_with_the_whole_step_already_deli
             items.append(item)
         assert isinstance(items[-1], RequestEnd)
         assert sum(len(i.token_ids) for i in items if isinstance(i, ChoiceDelta)) == 3
+
+
+def test_a_put_from_another_thread_during_a_step_calls_at_once():
+    calls: list[str] = []
+    rings = ReadyRings()
+    channel = OutputChannel(on_ready=lambda: calls.append("woken"))
+    channel.ring_through(rings)
+
+    with rings:
+        other = threading.Thread(target=channel.put, args=(ChoiceDelta(0, "a", (1,)),))
+        other.start()
+        other.join(5)
+        assert calls == ["woken"]
+
+    assert calls == ["woken"]
