@@ -52,6 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from prompts import QUESTIONS  # noqa: E402
 from serve import free_port, percentile, server_process  # noqa: E402
 
+from adapters.http.process_header import HEADER as API_SERVER_HEADER  # noqa: E402
+
 SERVER = Path(__file__).resolve().parent / "host_server.py"
 # The logprobs a variant asks for: None (off), or K alternatives (0: the chosen token only).
 VARIANTS: dict[str, int | None] = {"off": None, "0": 0, "20": 20}
@@ -92,6 +94,9 @@ class Arrivals:
     gaps: list[tuple[float, float]] = field(default_factory=list)
     requests: int = 0
     resent: int = 0
+    # Requests answered by each API process (its `x-helios-api-server` header): with several,
+    # how a cell's connections split among them moves its throughput.
+    servers: collections.Counter[str] = field(default_factory=collections.Counter)
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,7 @@ class CellResult:
     others_cores: float  # CPU the rest of the machine used meanwhile, in cores
     engine_cores: float  # CPU of the process that runs the engine (the worker, or the engine
     # process under --api-server-count), in cores
+    split: tuple[int, ...] = ()  # requests each API process answered, most first
 
     @property
     def tokens_per_s(self) -> float:
@@ -282,6 +288,7 @@ async def aiohttp_events(
     async with await posted(session, url, body, seen) as response:
         if response.status != 200:
             raise RuntimeError(f"HTTP {response.status}: {await response.text()}")
+        seen.servers[response.headers.get(API_SERVER_HEADER, "")] += 1
         async for line in response.content:
             if line.startswith(b"data:"):
                 yield line[5:].strip()
@@ -296,6 +303,14 @@ async def aiohttp_body(
         if response.status != 200:
             raise RuntimeError(f"HTTP {response.status}: {raw[:500]!r}")
     return raw
+
+
+def _split_text(split: tuple[int, ...], processes: int) -> str:
+    """', requests by API process 40/24' (each process's count, most first) when several serve."""
+    if processes < 2:
+        return ""
+    counts = (*split, *([0] * (processes - len(split))))
+    return f", requests by API process {'/'.join(map(str, counts))}"
 
 
 async def stream_one(
@@ -415,6 +430,7 @@ def measured(cell: Cell, seen: Arrivals, before: Snapshot, after: Snapshot) -> C
         )
         / (after.at - before.at),
         (new["process_cpu_s"] - old["process_cpu_s"]) / (after.at - before.at),
+        tuple(sorted((n for name, n in seen.servers.items() if name), reverse=True)),
     )
 
 
@@ -625,7 +641,8 @@ async def bench_step(
             f"logprobs {cell.variant}: "
             f"{result.tokens_per_s:,.0f} tok/s ({result.delivered / result.seconds:,.0f} "
             f"delivered), {result.steps_per_s:.0f} steps/s, {result.requests} requests"
-            f"{f', {result.resent} resent' if result.resent else ''}; cores: the engine's "
+            f"{f', {result.resent} resent' if result.resent else ''}"
+            f"{_split_text(result.split, args.api_server_count)}; cores: the engine's "
             f"process {result.engine_cores:.2f}, "
             f"server {result.server_cpu_s / result.seconds:.2f}, "
             f"other processes {result.others_cores:.2f}",
