@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from types import TracebackType
+
+_log = logging.getLogger(__name__)
 
 
 class ReadyRings:
@@ -46,4 +49,7 @@ class ReadyRings:
     ) -> None:
         held, self._held = self._held or {}, None
         for on_ready in held:
-            on_ready()
+            try:
+                on_ready()
+            except Exception:  # noqa: BLE001 - one consumer's wake-up must not cost the others
+                _log.exception("waking a request's consumer failed")

@@ -123,3 +123,17 @@ def test_a_put_from_another_thread_during_a_step_calls_at_once():
         assert calls == ["woken"]
 
     assert calls == ["woken"]
+
+
+def test_one_consumer_s_failing_wake_up_does_not_cost_the_others_theirs():
+    calls: list[str] = []
+    rings = ReadyRings()
+
+    def broken() -> None:
+        raise RuntimeError("this consumer's loop is gone")
+
+    with rings:
+        rings.ring(broken)
+        rings.ring(lambda: calls.append("second"))
+
+    assert calls == ["second"]
