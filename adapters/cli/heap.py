@@ -10,7 +10,7 @@ def freeze_start_up_heap() -> None:
     collections walk only what serving allocated.
 
     A served process holds about 200,000 tracked objects after start-up (torch, the tokenizer,
-    the app); each full collection walked them all in 120-200 ms with the GIL held, stalling
+    the app); each full collection walked them all in 100-200 ms with the GIL held, stalling
     every stream of the process, two or three times in 20 s at 64 streams (bench/host.py,
     docs/performance.md). Call it once the model or engine link is loaded.
     """
