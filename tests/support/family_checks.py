@@ -258,21 +258,36 @@ def transformers_greedy(
 
 
 def assert_bfloat16_greedy_matches(
-    ours: DecoderModel, reference: torch.nn.Module, prompt: Sequence[int], steps: int = 64
+    ours: DecoderModel,
+    reference: torch.nn.Module,
+    prompt: Sequence[int],
+    steps: int = 64,
+    rerouted: Callable[[list[int], torch.Tensor], set[int]] | None = None,
 ) -> list[int]:
     """Our bfloat16 greedy decoding over the paged cache equals transformers' bfloat16 greedy
     token for token, and proves something: at every step transformers' top logit leads its
     runner-up by more than twice the largest difference between our rows and its rows, so no
-    near-tie decided the agreement. Returns the prompt and the greedy tokens."""
+    near-tie decided the agreement. Returns the prompt and the greedy tokens.
+
+    `rerouted` (mixture-of-experts models), given the greedy tokens and transformers' rows,
+    names the steps whose rows a router near-tie moved (bfloat16 rounding picked other experts
+    than float32 picks, in our model or in transformers'); those steps must still agree on the
+    token but are left out of the lead and rounding bounds, since another expert moves a row
+    by units, not by rounding."""
     tokens, rows = greedy_with_logits(ours, prompt, steps)
     expected, expected_rows = transformers_greedy(reference, prompt, steps)
-    noise = max_difference(rows, expected_rows)
-    top2 = expected_rows.topk(2, dim=-1).values
-    lead = (top2[:, 0] - top2[:, 1]).min().item()
-    numbers = f"smallest lead {lead:.3f}, largest logit difference {noise:.4f}"
-    print(f"bfloat16 greedy over {steps} tokens: {numbers}")
-    assert tokens == expected, f"{tokens[len(prompt) :]} != {expected[len(prompt) :]} ({numbers})"
+    assert tokens == expected, f"{tokens[len(prompt) :]} != {expected[len(prompt) :]}"
     assert len(set(tokens[len(prompt) :])) >= 8, "greedy decoding should vary"
+    moved = rerouted(tokens, expected_rows) if rerouted is not None else set()
+    kept = [step for step in range(steps) if step not in moved]
+    noise = max_difference(rows[kept], expected_rows[kept])
+    top2 = expected_rows[kept].topk(2, dim=-1).values
+    lead = (top2[:, 0] - top2[:, 1]).min().item()
+    numbers = (
+        f"smallest lead {lead:.3f}, largest logit difference {noise:.4f}, "
+        f"steps a router near-tie moved: {sorted(moved)}"
+    )
+    print(f"bfloat16 greedy over {steps} tokens: {numbers}")
     assert lead > 2 * noise, numbers
     assert noise <= BFLOAT16_ATOL, numbers
     return tokens

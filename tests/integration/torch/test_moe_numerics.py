@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from adapters.gpu.loading.weights import load_model
-from adapters.gpu.model.decoder import DecoderModel
+from adapters.gpu.model.decoder import DecoderLayer, DecoderModel
 from tests.support import family_checks as checks
 from tests.support.tiny_moe_models import (
     build_tiny_deepseek_v3,
@@ -63,6 +63,60 @@ class Checkpoint:
 def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     directory = FAMILIES[request.param](tmp_path_factory.mktemp(request.param), torch.float32)
     return Checkpoint(request.param, directory, checks.reference_model(directory))
+
+
+def _routing_logs(model: DecoderModel) -> list[list[torch.Tensor]]:
+    """Turns on the routing record of every sparse layer; returns the lists it fills."""
+    logs = []
+    for module in model.layers:
+        if isinstance(module, DecoderLayer) and module.experts is not None:
+            module.experts.routing_log = []
+            logs.append(module.experts.routing_log)
+    return logs
+
+
+class RouterNearTies:
+    """The greedy steps a router near-tie moved, for `assert_bfloat16_greedy_matches`.
+
+    A random router meets near-ties: one seen here kept two expert groups 0.0006 apart, and
+    on one CPU bfloat16 rounding kept the other group, moving that row by 1.8 (its token still
+    agreed). Such a step is ours when our bfloat16 greedy routed it to other experts than our
+    float32 model does on the same tokens, and transformers' when its bfloat16 row differs
+    from its float32 row beyond rounding. More than two in 64 steps would be no near-tie but
+    a bfloat16 routing fault, and fails.
+    """
+
+    MOST = 2
+
+    def __init__(
+        self,
+        ours16: DecoderModel,
+        ours32: DecoderModel,
+        upcast: torch.nn.Module,
+        prompt_length: int,
+    ) -> None:
+        self._greedy_logs = _routing_logs(ours16)  # filled by the greedy decoding to come
+        self._ours32, self._upcast = ours32, upcast
+        self._prompt_length = prompt_length
+
+    def __call__(self, tokens: list[int], expected_rows: torch.Tensor) -> set[int]:
+        steps, first = expected_rows.shape[0], self._prompt_length - 1
+        teacher_forced = tokens[: first + steps]
+        float32_logs = _routing_logs(self._ours32)
+        checks.chunked_logits(self._ours32, teacher_forced, [len(teacher_forced)])
+        moved = set()
+        for greedy_log, float32_log in zip(self._greedy_logs, float32_logs, strict=True):
+            # Forward j of the greedy decoding (0: the prompt) made step j's row, its last.
+            for step in range(steps):
+                picked16 = greedy_log[step][-1].sort().values
+                picked32 = float32_log[0][first + step].sort().values
+                if not torch.equal(picked16, picked32):
+                    moved.add(step)
+        upcast_rows = checks.reference_logits(self._upcast, teacher_forced)[first:]
+        apart = (upcast_rows - expected_rows.float()).abs().amax(dim=-1)
+        moved |= set(torch.nonzero(apart > checks.BFLOAT16_ATOL).flatten().tolist())
+        assert len(moved) <= self.MOST, f"router near-ties at steps {sorted(moved)}"
+        return moved
 
 
 def chunked_then_decoded(model: DecoderModel, tokens: list[int], blocks: tuple[int, ...]):
@@ -124,6 +178,7 @@ def test_a_bfloat16_checkpoint_loads_as_both_dtypes_and_decodes_64_tokens_as_tra
     assert checks.max_difference(got16, expected16) <= bound
     assert torch.equal(got16.argmax(-1), expected16.argmax(-1))
     prompt = checks.FAMILY_PROMPT
-    checks.assert_bfloat16_greedy_matches(as16, native, prompt, steps=64)
+    rerouted = RouterNearTies(as16, as32, upcast, len(prompt))
+    checks.assert_bfloat16_greedy_matches(as16, native, prompt, steps=64, rerouted=rerouted)
     build_byte_level_bpe(directory, vocab_size=VOCAB_SIZE)
     checks.assert_bfloat16_engine_logprobs(directory, native, prompt)
