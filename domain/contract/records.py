@@ -91,35 +91,51 @@ class CompletionRecord:
             raise ValueError(
                 f"{len(self.tokens)} tokens exceed the record capacity {token_capacity}"
             )
-        words = [0] * (HEADER_WORDS + token_capacity)
-        words[RecordWord.SLOT] = self.slot
-        words[RecordWord.EPOCH] = self.epoch
-        words[RecordWord.ROLE] = self.role
-        words[RecordWord.EMITTED] = len(self.tokens)
-        words[RecordWord.FIRST_POSITION] = self.first_position
-        words[RecordWord.FORCED_MASK] = self.forced_mask
-        words[RecordWord.FINISH] = self.finish
-        words[RecordWord.DRAFTS_OFFERED] = self.drafts_offered
-        words[RecordWord.DRAFTS_ACCEPTED] = self.drafts_accepted
-        words[RecordWord.GENERATED_TOTAL] = self.generated_total
-        words[HEADER_WORDS : HEADER_WORDS + len(self.tokens)] = self.tokens
-        return words
+        tokens = self.tokens
+        # In `RecordWord` order, then the header's unused words and the token words.
+        return [
+            self.slot,
+            self.epoch,
+            self.role,
+            len(tokens),
+            self.first_position,
+            self.forced_mask,
+            self.finish,
+            self.drafts_offered,
+            self.drafts_accepted,
+            self.generated_total,
+            *_UNUSED_HEADER,
+            *tokens,
+            *(0,) * (token_capacity - len(tokens)),
+        ]
 
     @classmethod
     def decode(cls, words: Sequence[int]) -> CompletionRecord:
         """Reads a record; only the emitted prefix of the token words is meaningful."""
-        emitted = words[RecordWord.EMITTED]
+        # Unpacked in one slice and the enums looked up in dicts: read field by field through
+        # `RecordWord` and the enum constructors, a record cost 5-6 us, 64 a step at 64 lanes.
+        slot, epoch, role, emitted, first, forced, finish, offered, accepted, total = words[
+            :_FIELDS
+        ]
         if emitted < 0 or HEADER_WORDS + emitted > len(words):
             raise ValueError(f"record claims {emitted} emitted tokens")
+        if role not in _ROLES or finish not in _FINISHES:
+            raise ValueError(f"record has role {role} and finish {finish}, not both known")
         return cls(
-            slot=words[RecordWord.SLOT],
-            epoch=words[RecordWord.EPOCH],
-            role=Role(words[RecordWord.ROLE]),
-            tokens=tuple(words[HEADER_WORDS : HEADER_WORDS + emitted]),
-            first_position=words[RecordWord.FIRST_POSITION],
-            forced_mask=words[RecordWord.FORCED_MASK],
-            finish=Finish(words[RecordWord.FINISH]),
-            drafts_offered=words[RecordWord.DRAFTS_OFFERED],
-            drafts_accepted=words[RecordWord.DRAFTS_ACCEPTED],
-            generated_total=words[RecordWord.GENERATED_TOTAL],
+            slot,
+            epoch,
+            _ROLES[role],
+            tuple(words[HEADER_WORDS : HEADER_WORDS + emitted]),
+            first,
+            forced,
+            _FINISHES[finish],
+            offered,
+            accepted,
+            total,
         )
+
+
+_FIELDS = len(RecordWord)
+_UNUSED_HEADER = (0,) * (HEADER_WORDS - _FIELDS)
+_ROLES = {role.value: role for role in Role}
+_FINISHES = {finish.value: finish for finish in Finish}
