@@ -12,7 +12,7 @@ import torch
 
 from adapters.gpu.loading.default_model import resolve_model_dir
 from adapters.gpu.loading.weights import load_model
-from adapters.gpu.model.decoder import DecoderModel
+from adapters.gpu.model.decoder import DecoderLayer, DecoderModel
 from adapters.gpu.model.forward_batch import ForwardBatch, SequenceChunk
 from adapters.gpu.model.kv_cache import PagedKVCache
 from adapters.tokenizer.hf import HfTokenizer
@@ -151,6 +151,19 @@ def greedy_with_logits(
         tokens.append(int(logits[-1].argmax()))
         logits = run(model, [SequenceChunk((tokens[-1],), len(tokens) - 1, blocks)], cache)
     return tokens, torch.stack(rows)
+
+
+def routing_logs(model: DecoderModel) -> list[list[torch.Tensor]]:
+    """Turns on the routing record of every sparse layer; returns the lists it fills, one a
+    layer, each forward's experts [rows, k] appended."""
+    logs = []
+    for module in model.layers:
+        experts = module.experts if isinstance(module, DecoderLayer) else None
+        if experts is not None:
+            experts.routing_log = []
+            logs.append(experts.routing_log)
+    assert logs, "the model has no sparse layer"
+    return logs
 
 
 def max_difference(actual: torch.Tensor, expected: torch.Tensor) -> float:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from adapters.gpu.loading.weights import load_model
-from adapters.gpu.model.decoder import DecoderLayer, DecoderModel
+from adapters.gpu.model.decoder import DecoderModel
 from tests.support import family_checks as checks
 from tests.support.tiny_moe_models import (
     build_tiny_deepseek_v3,
@@ -65,16 +65,6 @@ def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     return Checkpoint(request.param, directory, checks.reference_model(directory))
 
 
-def _routing_logs(model: DecoderModel) -> list[list[torch.Tensor]]:
-    """Turns on the routing record of every sparse layer; returns the lists it fills."""
-    logs = []
-    for module in model.layers:
-        if isinstance(module, DecoderLayer) and module.experts is not None:
-            module.experts.routing_log = []
-            logs.append(module.experts.routing_log)
-    return logs
-
-
 class RouterNearTies:
     """The greedy steps a router near-tie moved, for `assert_bfloat16_greedy_matches`.
 
@@ -95,14 +85,14 @@ class RouterNearTies:
         upcast: torch.nn.Module,
         prompt_length: int,
     ) -> None:
-        self._greedy_logs = _routing_logs(ours16)  # filled by the greedy decoding to come
+        self._greedy_logs = checks.routing_logs(ours16)  # filled by the greedy decoding to come
         self._ours32, self._upcast = ours32, upcast
         self._prompt_length = prompt_length
 
     def __call__(self, tokens: list[int], expected_rows: torch.Tensor) -> set[int]:
         steps, first = expected_rows.shape[0], self._prompt_length - 1
         teacher_forced = tokens[: first + steps]
-        float32_logs = _routing_logs(self._ours32)
+        float32_logs = checks.routing_logs(self._ours32)
         checks.chunked_logits(self._ours32, teacher_forced, [len(teacher_forced)])
         moved = set()
         for greedy_log, float32_log in zip(self._greedy_logs, float32_logs, strict=True):

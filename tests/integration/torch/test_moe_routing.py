@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from adapters.gpu.loading.weights import load_model
-from adapters.gpu.model.decoder import DecoderLayer, DecoderModel
+from adapters.gpu.model.decoder import DecoderModel
 from adapters.gpu.model.experts import RoutedExperts, top_indices
 from adapters.gpu.model.forward_batch import ForwardBatch, SequenceChunk
 from adapters.gpu.model.kv_cache import PagedKVCache
 from adapters.gpu.model.moe_config import ExpertsSettings
+from tests.support import family_checks as checks
 from tests.support.tiny_moe_models import build_tiny_deepseek_v3, build_tiny_qwen3_moe
 
 VOCAB_SIZE = 320
@@ -91,18 +92,6 @@ def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     return builder(tmp_path_factory.mktemp(request.param), vocab_size=VOCAB_SIZE)
 
 
-def _logs(model: DecoderModel) -> list[list[torch.Tensor]]:
-    """Turns on the routing record of every sparse layer; returns the lists it fills."""
-    logs = []
-    for module in model.layers:
-        experts = module.experts if isinstance(module, DecoderLayer) else None
-        if experts is not None:
-            experts.routing_log = []
-            logs.append(experts.routing_log)
-    assert logs
-    return logs
-
-
 def _generate(
     model: DecoderModel, prompts: list[list[int]], watched: int
 ) -> tuple[list[list[torch.Tensor]], list[torch.Tensor]]:
@@ -110,7 +99,7 @@ def _generate(
     them; returns the experts each sparse layer chose for prompt `watched`'s rows per forward,
     and its logits rows per forward."""
     cache = PagedKVCache.allocate(model.config, NUM_BLOCKS, BLOCK_SIZE, torch.float32, DEVICE)
-    logs = _logs(model)
+    logs = checks.routing_logs(model)
     pool = iter(random.Random(len(prompts)).sample(range(NUM_BLOCKS), NUM_BLOCKS))
     tables = [
         tuple(next(pool) for _ in range(-(-(len(p) + DECODE_STEPS) // BLOCK_SIZE))) for p in prompts
