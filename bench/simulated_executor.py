@@ -92,9 +92,11 @@ class SimulatedExecutor:
     copied from a table made at construction, as a device's reduction would write them.
 
     The step's host work is the production `CompletionOutputs` (upload, commit, read) and the
-    shared commit rule. `step_s` stands for the device: `submit` sleeps that long after the
-    upload, as the torch executor waits for its sampled tokens. Drafts and grammars are
-    refused (a whole-step failure): the bench serves neither.
+    shared commit rule. `step_s` stands for the device: after the upload the simulated device
+    draws each lane's token and writes the logprob words, then `submit` sleeps for the rest of
+    `step_s`, as the torch executor waits for its sampled tokens; a real device's draw and
+    reduction run inside its step and cost the host nothing. Drafts and grammars are refused
+    (a whole-step failure): the bench serves neither.
     """
 
     def __init__(
@@ -105,6 +107,7 @@ class SimulatedExecutor:
         *,
         sleep: Callable[[float], None] = time.sleep,
         cpu_clock: Callable[[], float] = time.thread_time,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if not text_ids or any(not 0 <= t < geometry.vocab_size for t in text_ids):
             raise ValueError("the simulated text needs token IDs inside the vocabulary")
@@ -115,6 +118,7 @@ class SimulatedExecutor:
         self._step_s = step_s
         self._sleep = sleep
         self._cpu_clock = cpu_clock
+        self._clock = clock
         device = torch.device("cpu")
         self._outputs = CompletionOutputs(geometry, device, "reference")
         self._top_k = geometry.logprobs.top_k
@@ -144,14 +148,16 @@ class SimulatedExecutor:
         emitting = [work for work in plan.works if work.sample]
         if emitting:
             self._outputs.upload(frame, emitting)
-        if self._step_s:
-            self._sleep(self._step_s)
-        records, rows = self._commit(plan)
-        self._previous = tuple(records)
-        self._outputs.commit(frame, records)
-        requesting = [row for row in rows if row[0].sampling.logprobs is not None]
+        device_start = self._clock()
+        drawn = self._draw(plan)
+        requesting = [row for row in drawn if row[0].sampling.logprobs is not None]
         if requesting:
             self._write_logprobs(frame, requesting)
+        if self._step_s:
+            self._sleep(max(0.0, self._step_s - (self._clock() - device_start)))
+        records = self._commit(plan, drawn)
+        self._previous = tuple(records)
+        self._outputs.commit(frame, records)
         tokens = sum(len(record.tokens) for record in records)
         cpu_s = self._cpu_clock() - cpu
         self.tally.submitted(frame, len(emitting), tokens, len(requesting), cpu_s)
@@ -163,21 +169,29 @@ class SimulatedExecutor:
         self.tally.read(frame, self._cpu_clock() - cpu)
         return result
 
-    def _commit(self, plan: StepPlan) -> tuple[list[CompletionRecord], list[tuple[SlotWork, int]]]:
-        """One record per lane, by the shared commit rule; and (lane, text index) of every
-        drawn position, in emission order."""
-        records, drawn = [], []
+    def _draw(self, plan: StepPlan) -> list[tuple[SlotWork, int]]:
+        """The device's draw: (lane, text index of its token) of every lane that samples, in
+        plan order; a forced lane draws nothing."""
+        return [
+            (work, (work.sampling.seed + work.first_emitted_position) % len(self._text))
+            for work in plan.works
+            if work.sample and work.forced_token is None
+        ]
+
+    def _commit(self, plan: StepPlan, drawn: list[tuple[SlotWork, int]]) -> list[CompletionRecord]:
+        """One record per lane, by the shared commit rule over the drawn tokens."""
+        records = []
+        draws = iter(drawn)
         for work in plan.works:
             if not work.sample:
                 records.append(prompt_record(work))
             elif work.forced_token is not None:
                 records.append(forced_record(work))
             else:
-                index = (work.sampling.seed + work.first_emitted_position) % len(self._text)
+                _, index = next(draws)
                 emitted, finish, _ = commit_round(work, (self._text[index],))
-                drawn.append((work, index))
                 records.append(sampled_record(work, emitted, finish))
-        return records, drawn
+        return records
 
     def _write_logprobs(self, frame: int, drawn: list[tuple[SlotWork, int]]) -> None:
         """What the device reduction would leave in the frame: each drawn position's chosen

@@ -15,6 +15,7 @@ from domain.emission.outputs import ChoiceDelta, RequestEnd
 from domain.engine.engine import Engine
 from domain.engine.step import SlotWork, StepPlan
 from domain.logprobs.rules import LogprobAsk
+from domain.logprobs.values import LogprobOptions
 from domain.requests.choice_sampling import LaneSampling
 from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams
@@ -93,13 +94,18 @@ def test_the_simulated_executor_serves_an_engine_text_and_logprobs_that_decode(t
     assert tally.submit_s > 0 and tally.read_s > 0
 
 
-def test_each_simulated_step_sleeps_for_its_device_step(tokenizer):
+def test_each_simulated_step_sleeps_for_what_its_device_work_leaves_of_the_step(tokenizer):
     slept: list[float] = []
-    executor = _executor(tokenizer, step_s=0.007, sleep=slept.append)
-    sampling = LaneSampling(SamplingParams(), seed=1, remaining=10)
+    # Each step's device work (the draw and the logprob words) reads the clock before and
+    # after: 2 ms of it in the first step, 9 ms (more than the step) in the second.
+    moments = iter([10.0, 10.002, 20.0, 20.009])
+    executor = _executor(tokenizer, step_s=0.007, sleep=slept.append, clock=moments.__next__)
+    ask = LogprobOptions(top_k=5)
+    sampling = LaneSampling(SamplingParams(), seed=1, remaining=10, logprobs=ask)
     plan = StepPlan((SlotWork(0, 0, (3,), 4, (0, 1), 4, True, sampling),))
 
     executor.read(executor.submit(plan))
     executor.read(executor.submit(plan))
 
-    assert slept == [0.007, 0.007] and executor.tally.steps == 2
+    assert slept == [pytest.approx(0.005), 0.0] and executor.tally.steps == 2
+    assert executor.tally.requesting == 2
