@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -59,10 +58,16 @@ def feeding(work: SlotWork, token_ids: tuple[int, ...]) -> SlotWork:
     return filled
 
 
-@functools.cache
 def _kept_fields(lane_type: type) -> tuple[str, ...]:
-    """The fields a fill-in copies: all but the tokens fed."""
-    return tuple(f.name for f in dataclasses.fields(lane_type) if f.name != "token_ids")
+    """The fields a fill-in copies: all but the tokens fed (read once per lane class)."""
+    kept = _KEPT_FIELDS.get(lane_type)
+    if kept is None:
+        names = (f.name for f in dataclasses.fields(lane_type))
+        kept = _KEPT_FIELDS[lane_type] = tuple(name for name in names if name != "token_ids")
+    return kept
+
+
+_KEPT_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
 def resolve_pending(plan: StepPlan, previous: Iterable[CompletionRecord]) -> StepPlan:
