@@ -158,7 +158,7 @@ def test_a_lane_feeding_other_tokens_keeps_every_other_field():
     assert feeding(lane(forced_token=4), (9,)) == lane(forced_token=4, token_ids=(9,))
     speculating = lane(token_ids=(7, 3), speculation=DraftLane(drafts=(3,)))
     assert feeding(speculating, (7, 3)) == speculating
-    # A field added to SlotWork has to be added to `feeding` (and here).
+    # A new SlotWork field must be set away from its default above, and named here.
     assert [f.name for f in dataclasses.fields(SlotWork)] == [
         "slot", "epoch", "token_ids", "start_position", "block_table", "prompt_len",
         "sample", "sampling", "prompt_targets", "speculation", "grammar", "forced_token",
