@@ -165,3 +165,13 @@ def test_a_lane_feeding_other_tokens_keeps_every_other_field():
     ]  # fmt: skip
     with pytest.raises(ValueError, match="at least one token"):
         feeding(work, ())
+
+
+def test_a_fill_in_that_would_break_a_lanes_checks_is_refused():
+    # Only a lane without drafts fed as many tokens skips the checks; every other fill-in
+    # goes through them, so a lane feeding what its parts contradict is never built.
+    speculating = lane(token_ids=(7, 3), speculation=DraftLane(drafts=(3,)))
+    with pytest.raises(ValueError, match="drafts are the last fed tokens"):
+        feeding(speculating, (7, 4))
+    with pytest.raises(ValueError, match="prompt targets"):
+        feeding(lane(token_ids=(7, 8), prompt_targets=(8, 9)), (11,))
