@@ -25,7 +25,8 @@ from domain.contract.records import CompletionRecord
 from domain.engine.commit import commit_round
 from domain.engine.step import SlotWork, StepPlan
 from domain.logprobs.values import float_to_bits
-from domain.overlap.pending import resolve_pending
+from domain.overlap.late_commit import commits_late, drawn_tokens
+from domain.overlap.pending import last_tokens, resolve_pending
 
 # What every lane "generates": this text's tokens, from an offset its seed picks, one position
 # after another. Real English keeps the detokenizer and the token strings realistic.
@@ -41,6 +42,17 @@ TEXT = (
 )
 
 _NAN = float_to_bits(float("nan"))
+
+
+@dataclass(frozen=True)
+class _Launched:
+    """A step on the simulated device: its plan, each drawing lane's text index, and when the
+    step ends."""
+
+    frame: int
+    plan: StepPlan
+    drawn: list[tuple[SlotWork, int]]
+    deadline: float
 
 
 @dataclass
@@ -65,13 +77,15 @@ class BookkeepingTally:
     wide_steps: int = 0
     wide_s: float = 0.0
 
-    def submitted(self, frame: int, lanes: int, tokens: int, requesting: int, cpu_s: float) -> None:
+    def submitted(self, frame: int, lanes: int, requesting: int, cpu_s: float) -> None:
         self._pending[frame] = (lanes, cpu_s)
         self.steps += 1
         self.lanes += lanes
-        self.tokens += tokens
         self.requesting += requesting
         self.submit_s += cpu_s
+
+    def committed(self, tokens: int) -> None:
+        self.tokens += tokens
 
     def read(self, frame: int, cpu_s: float) -> None:
         lanes, submit_s = self._pending.pop(frame, (0, 0.0))
@@ -92,11 +106,13 @@ class SimulatedExecutor:
     copied from a table made at construction, as a device's reduction would write them.
 
     The step's host work is the production `CompletionOutputs` (upload, commit, read) and the
-    shared commit rule. `step_s` stands for the device: after the upload the simulated device
-    draws each lane's token and writes the logprob words, then `submit` sleeps for the rest of
-    `step_s`, as the torch executor waits for its sampled tokens; a real device's draw and
-    reduction run inside its step and cost the host nothing. Drafts and grammars are refused
-    (a whole-step failure): the bench serves neither.
+    shared commit rule, in the torch executor's order. `step_s` stands for the device: after
+    the upload the simulated device draws each lane's token and writes the logprob words, and
+    the step ends `step_s` after it started; whoever needs its tokens waits until then, as the
+    torch executor waits for its sampled tokens (a real device's draw and reduction run inside
+    its step and cost the host nothing). A plan that `commits_late` is committed after the
+    next submission is launched, or when its frame is settled, as the torch executor does.
+    Drafts and grammars are refused (a whole-step failure): the bench serves neither.
     """
 
     def __init__(
@@ -124,7 +140,10 @@ class SimulatedExecutor:
         self._top_k = geometry.logprobs.top_k
         self._words = _position_words(self._text, self._top_k).numpy()
         self._next_frame = 0
-        self._previous: tuple[CompletionRecord, ...] = ()
+        # What a plan made ahead feeds: the previous submission's last tokens by (slot, epoch).
+        self._feeds: dict[tuple[int, int], int] = {}
+        # A submission launched and not yet committed (`commits_late`).
+        self._late: _Launched | None = None
         self.tally = BookkeepingTally()
 
     @property
@@ -135,39 +154,75 @@ class SimulatedExecutor:
         cpu = self._cpu_clock()
         frame = self._next_frame
         self._next_frame ^= 1
-        plan = resolve_pending(plan, self._previous)
-        if plan.scored:
-            raise ValueError("the simulated executor scores no prompts")
-        for work in plan.works:
-            if work.slot >= self._geometry.capacity:
-                raise ValueError(
-                    f"slot {work.slot} is outside the capacity {self._geometry.capacity}"
-                )
-            if work.speculation is not None or work.grammar is not None:
-                raise ValueError("the simulated executor verifies no drafts and masks no grammar")
-        emitting = [work for work in plan.works if work.sample]
-        if emitting:
-            self._outputs.upload(frame, emitting)
-        device_start = self._clock()
+        late, self._late = self._late, None
+        feeds, self._feeds = self._feeds, {}
+        if late is not None:
+            # The previous step ends on the device: this one's placeholders feed its draws.
+            self._wait(late.deadline)
+            feeds = drawn_tokens(late.plan, (self._text[index] for _, index in late.drawn))
+        try:
+            plan = resolve_pending(plan, feeds)
+            if plan.scored:
+                raise ValueError("the simulated executor scores no prompts")
+            for work in plan.works:
+                if work.slot >= self._geometry.capacity:
+                    raise ValueError(
+                        f"slot {work.slot} is outside the capacity {self._geometry.capacity}"
+                    )
+                if work.speculation is not None or work.grammar is not None:
+                    raise ValueError(
+                        "the simulated executor verifies no drafts and masks no grammar"
+                    )
+            emitting = [work for work in plan.works if work.sample]
+            if emitting:
+                self._outputs.upload(frame, emitting)
+            launched = self._launch(frame, plan)
+        finally:
+            # The host's commit of the previous step, while the device runs this one.
+            if late is not None:
+                self._commit(late)
+        if launched.drawn and commits_late(plan):
+            self._late = launched
+        else:
+            self._wait(launched.deadline)
+            self._feeds = last_tokens(self._commit(launched))
+        requesting = sum(1 for work, _ in launched.drawn if work.sampling.logprobs is not None)
+        cpu_s = self._cpu_clock() - cpu
+        self.tally.submitted(frame, len(emitting), requesting, cpu_s)
+        return frame
+
+    def settle(self, frame: int) -> None:
+        """Commits `frame` if its submission left the commit for later, as the torch
+        executor does."""
+        late = self._late
+        if late is None or late.frame != frame:
+            return
+        self._late = None
+        self._wait(late.deadline)
+        self._feeds = drawn_tokens(late.plan, (self._text[index] for _, index in late.drawn))
+        self._commit(late)
+
+    def read(self, frame: int) -> FrameResult:
+        cpu = self._cpu_clock()
+        self.settle(frame)
+        result = self._outputs.read(frame)
+        self.tally.read(frame, self._cpu_clock() - cpu)
+        return result
+
+    def _launch(self, frame: int, plan: StepPlan) -> _Launched:
+        """The device's part of a step: each lane's draw and the logprob words its reduction
+        leaves, done now; the step ends `step_s` after it started."""
+        started = self._clock()
         drawn = self._draw(plan)
         requesting = [row for row in drawn if row[0].sampling.logprobs is not None]
         if requesting:
             self._write_logprobs(frame, requesting)
-        if self._step_s:
-            self._sleep(max(0.0, self._step_s - (self._clock() - device_start)))
-        records = self._commit(plan, drawn)
-        self._previous = tuple(records)
-        self._outputs.commit(frame, records)
-        tokens = sum(len(record.tokens) for record in records)
-        cpu_s = self._cpu_clock() - cpu
-        self.tally.submitted(frame, len(emitting), tokens, len(requesting), cpu_s)
-        return frame
+        return _Launched(frame, plan, drawn, started + self._step_s)
 
-    def read(self, frame: int) -> FrameResult:
-        cpu = self._cpu_clock()
-        result = self._outputs.read(frame)
-        self.tally.read(frame, self._cpu_clock() - cpu)
-        return result
+    def _wait(self, deadline: float) -> None:
+        """Waits for the device's step to end, as the torch executor waits for its tokens."""
+        if self._step_s:
+            self._sleep(max(0.0, deadline - self._clock()))
 
     def _draw(self, plan: StepPlan) -> list[tuple[SlotWork, int]]:
         """The device's draw: (lane, text index of its token) of every lane that samples, in
@@ -178,11 +233,12 @@ class SimulatedExecutor:
             if work.sample and work.forced_token is None
         ]
 
-    def _commit(self, plan: StepPlan, drawn: list[tuple[SlotWork, int]]) -> list[CompletionRecord]:
-        """One record per lane, by the shared commit rule over the drawn tokens."""
+    def _commit(self, launched: _Launched) -> list[CompletionRecord]:
+        """One record per lane, by the shared commit rule over the drawn tokens, into its
+        frame."""
         records = []
-        draws = iter(drawn)
-        for work in plan.works:
+        draws = iter(launched.drawn)
+        for work in launched.plan.works:
             if not work.sample:
                 records.append(prompt_record(work))
             elif work.forced_token is not None:
@@ -191,6 +247,8 @@ class SimulatedExecutor:
                 _, index = next(draws)
                 emitted, finish, _ = commit_round(work, (self._text[index],))
                 records.append(sampled_record(work, emitted, finish))
+        self._outputs.commit(launched.frame, records)
+        self.tally.committed(sum(len(record.tokens) for record in records))
         return records
 
     def _write_logprobs(self, frame: int, drawn: list[tuple[SlotWork, int]]) -> None:

@@ -28,6 +28,11 @@ class ModelExecutor(Protocol):
       logprob positions (one per emitted token, from the raw target row that chose it, with the
       alternatives the lane asked for: its K natural ones, none at K = 0, or its selected IDs);
       the frame is free for reuse after it returns.
+    - `submit` may leave the frame's commit (its records, and what `read` reports) for later when
+      the plan `domain.overlap.late_commit.commits_late`: it is done after the next submission
+      is launched, or by `settle(f)`, which `read(f)` does first. Only the thread that submits
+      calls `settle`, so a reader on another thread has the submitting thread settle the frame
+      before it reads.
     - A seeded lane samples the same token whatever else is in the batch.
     - A scored plan (only when the geometry declares scored capacities) also scores each lane's
       rows against their prompt targets; it advances the cache exactly as prefill does.
@@ -41,5 +46,7 @@ class ModelExecutor(Protocol):
     def geometry(self) -> ExecutorGeometry: ...
 
     def submit(self, plan: StepPlan) -> int: ...
+
+    def settle(self, frame: int) -> None: ...
 
     def read(self, frame: int) -> FrameResult: ...

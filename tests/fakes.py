@@ -28,7 +28,7 @@ from domain.logprobs.values import (
     float_to_bits,
     sort_key,
 )
-from domain.overlap.pending import resolve_pending
+from domain.overlap.pending import last_tokens, resolve_pending
 from domain.speculation.verdict import speculative_verdict
 from domain.structured.catch_up import grammar_catch_up
 from domain.structured.grammar import GrammarKind, GrammarSpec
@@ -158,7 +158,7 @@ class FakeExecutor:
 
     def submit(self, plan: StepPlan) -> int:
         self.plans.append(plan)
-        plan = resolve_pending(plan, self._previous)
+        plan = resolve_pending(plan, last_tokens(self._previous))
         frame = self._next
         self._next ^= 1
         records: list[CompletionRecord] = []
@@ -221,6 +221,9 @@ class FakeExecutor:
             finish=finish,
             generated_total=work.end_position - work.prompt_len + 1,
         )
+
+    def settle(self, frame: int) -> None:
+        """Every submission commits at once here."""
 
     def read(self, frame: int) -> FrameResult:
         return self._frames[frame]

@@ -13,7 +13,10 @@ from ports.executor import ModelExecutor
 class BackgroundExecutor:
     """Implements `ports.executor.ModelExecutor` over `inner`: `submit` queues the plan and
     returns at once, and the worker thread submits the plans to `inner` in order; `read`
-    waits until its frame's submission is done, then reads the frame on the calling thread.
+    waits until its frame's submission is done and committed (the worker settles it: an inner
+    submission may leave its commit until the next one is launched, so that the host's commit
+    of step N runs while the device runs step N + 1), then reads the frame on the calling
+    thread.
 
     So the engine reads and emits step N while the worker runs step N + 1: the inner
     executor's two frames hold the two steps, and `read` of one touches nothing that `submit`
@@ -43,8 +46,16 @@ class BackgroundExecutor:
         self._submitted[frame] = self._worker.submit(self._inner.submit, plan)
         return frame
 
+    def settle(self, frame: int) -> None:
+        """Has the worker commit `frame` if its submission left the commit for later: only
+        the worker touches the inner executor's per-slot state."""
+        self._submitted.pop(frame).result()
+        self._worker.submit(self._inner.settle, frame).result()
+
     def read(self, frame: int) -> FrameResult:
-        return self._inner.read(self._submitted.pop(frame).result())
+        if frame in self._submitted:
+            self.settle(frame)
+        return self._inner.read(frame)
 
     def close(self) -> None:
         """Lets the submissions queued finish, then ends the worker."""

@@ -31,7 +31,8 @@ from domain.contract.records import CompletionRecord, Finish
 from domain.engine.commit import commit_round
 from domain.engine.step import SlotWork, StepPlan
 from domain.logprobs.prompt_scores import PROMPT_ROW_WORDS
-from domain.overlap.pending import resolve_pending
+from domain.overlap.late_commit import commits_late, drawn_tokens
+from domain.overlap.pending import last_tokens, resolve_pending
 from domain.speculation.verdict import speculative_verdict
 from ports.grammar import MaskingCompiler
 
@@ -48,6 +49,27 @@ class _Round:
     accepted: tuple[int, ...]  # per sampling lane: drafts that stood
 
 
+@dataclass(frozen=True, slots=True)
+class _Launched:
+    """A submission's sampled rows as the device left them, before the host reads its choices:
+    plain sampling leaves `chosen` [R]; verification leaves `keeps` [R] beside it."""
+
+    raw_logits: torch.Tensor
+    first_rows: tuple[int, ...]
+    drafts: tuple[tuple[int, ...], ...]
+    chosen: torch.Tensor
+    keeps: torch.Tensor | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Late:
+    """A submission launched with its commit left for later (`commits_late`)."""
+
+    frame: int
+    plan: StepPlan
+    launched: _Launched
+
+
 class TorchExecutor:
     """Implements `ports.executor.ModelExecutor` over a torch decoder with a paged KV cache.
 
@@ -57,6 +79,12 @@ class TorchExecutor:
     drafts, from scratch copies; commit one record per lane through the shared commit rule;
     only then reduce the raw logits of the emitted positions into the logprob frame. Frames
     alternate 0, 1, 0, ...
+
+    A plan whose records follow from its draws alone (`domain.overlap.late_commit`) commits
+    late, on a single rank: `submit` launches it and returns; the next `submit` reads its
+    tokens, launches its reduction (the draws are the emitted tokens), fills the new plan's
+    placeholders from them and launches the new forward, then commits the step before while
+    the device runs; `settle` (and `read`) commits a frame no submission followed.
 
     A model split over tensor-parallel ranks (`model.split`) makes this one rank's executor:
     every rank submits the same plans, holds its vocabulary shard of the logits, samples and
@@ -131,8 +159,12 @@ class TorchExecutor:
         self._next_frame = 0
         # Per frame: the lanes its submission retired.
         self._failures: list[tuple[LaneFailure, ...]] = [(), ()]
-        # The previous submission's records: a plan made ahead feeds their tokens.
-        self._previous: tuple[CompletionRecord, ...] = ()
+        # What a plan made ahead feeds: the previous submission's last tokens by (slot, epoch).
+        self._feeds: dict[tuple[int, int], int] = {}
+        # A submission launched and not yet committed (`commits_late`).
+        self._late: _Late | None = None
+        # Per frame: why a late submission failed, raised by its `read`.
+        self._errors: dict[int, Exception] = {}
 
     @property
     def geometry(self) -> ExecutorGeometry:
@@ -141,24 +173,62 @@ class TorchExecutor:
     def submit(self, plan: StepPlan) -> int:
         frame = self._next_frame
         self._next_frame ^= 1
-        plan, self._previous = resolve_pending(plan, self._previous), ()
-        if plan.scored and self._scores is None:
-            raise ValueError("a scored plan needs an executor prepared with scored capacities")
-        for work in plan.works:
-            if work.slot >= self._geometry.capacity:
-                raise ValueError(
-                    f"slot {work.slot} is outside the capacity {self._geometry.capacity}"
-                )
-            self._penalties.observe(work)
+        late, self._late = self._late, None
+        feeds, self._feeds = self._feeds, {}
+        landed = None
+        if late is not None:
+            # The previous submission's tokens: this one's placeholders feed them. Its
+            # reduction is launched now, ahead of this forward, and before this upload
+            # rewrites the request flags it reads.
+            landed = self._land(late)
+            feeds = self._drawn(landed)
+        try:
+            plan = resolve_pending(plan, feeds)
+            if plan.scored and self._scores is None:
+                raise ValueError("a scored plan needs an executor prepared with scored capacities")
+            for work in plan.works:
+                if work.slot >= self._geometry.capacity:
+                    raise ValueError(
+                        f"slot {work.slot} is outside the capacity {self._geometry.capacity}"
+                    )
+                self._penalties.observe(work)
+            with torch.inference_mode():
+                launched, failed = self._forward(frame, plan)
+        finally:
+            # The host's commit of the previous submission, while the device runs this one.
+            if landed is not None:
+                self._commit_landed(landed)
         with torch.inference_mode():
-            sampled, failed = self._forward(frame, plan)
+            if launched is not None and self._commits_late(plan):
+                self._late = _Late(frame, plan, launched)
+                return frame
+            sampled = _sampled(launched) if launched is not None else None
             records = self._commit(frame, plan, sampled, failed)
-            self._previous = tuple(records)
+            self._feeds = last_tokens(records)
             if sampled is not None:
-                self._reduce(frame, plan, sampled, records)
+                emitted = [
+                    record.tokens
+                    for work, record in zip(plan.works, records, strict=True)
+                    if work.sample and work.forced_token is None
+                ]
+                self._reduce(frame, plan, sampled, emitted)
         return frame
 
+    def settle(self, frame: int) -> None:
+        """Commits `frame` if its submission left the commit for later."""
+        late = self._late
+        if late is None or late.frame != frame:
+            return
+        self._late = None
+        landed = self._land(late)
+        self._feeds = self._drawn(landed)
+        self._commit_landed(landed)
+
     def read(self, frame: int) -> FrameResult:
+        self.settle(frame)
+        error = self._errors.pop(frame, None)
+        if error is not None:
+            raise error
         result = self._outputs.read(frame)
         if self._failures[frame]:
             result = dataclasses.replace(result, failures=self._failures[frame])
@@ -173,9 +243,42 @@ class TorchExecutor:
             payload_bytes=result.payload_bytes + rows * PROMPT_ROW_WORDS * 4,
         )
 
-    def _forward(self, frame: int, plan: StepPlan) -> tuple[_Round | None, dict[int, str]]:
-        """The step's sampled round (None when no lane draws) and, by slot, the lanes whose
-        grammar broke while their masks were computed."""
+    def _commits_late(self, plan: StepPlan) -> bool:
+        """A single rank only: tensor-parallel ranks keep one order of exchanges, and a late
+        commit's place in it would depend on when rank 0's engine reads."""
+        return self._collectives is None and commits_late(plan)
+
+    def _land(self, late: _Late) -> tuple[_Late, _Round] | None:
+        """Reads a late submission's choices off the device and launches its reduction; None
+        (the failure kept for its `read`) if that raised."""
+        try:
+            with torch.inference_mode():
+                sampled = _sampled(late.launched)
+                self._reduce(late.frame, late.plan, sampled, list(sampled.sampled))
+        except Exception as error:  # noqa: BLE001 - the late step's requests fail at its read
+            self._errors[late.frame] = error
+            return None
+        return late, sampled
+
+    def _drawn(self, landed: tuple[_Late, _Round] | None) -> dict[tuple[int, int], int]:
+        if landed is None:
+            return {}
+        late, sampled = landed
+        return drawn_tokens(late.plan, (tokens[-1] for tokens in sampled.sampled))
+
+    def _commit_landed(self, landed: tuple[_Late, _Round] | None) -> None:
+        """A late submission's records into its frame; a failure is kept for its `read`."""
+        if landed is None:
+            return
+        late, sampled = landed
+        try:
+            self._commit(late.frame, late.plan, sampled, {})
+        except Exception as error:  # noqa: BLE001 - the late step's requests fail at its read
+            self._errors[late.frame] = error
+
+    def _forward(self, frame: int, plan: StepPlan) -> tuple[_Launched | None, dict[int, str]]:
+        """The step's sampled rows as launched (None when no lane draws) and, by slot, the
+        lanes whose grammar broke while their masks were computed."""
         # Lanes with a forced token emit it without a draw: their rows are never projected,
         # sampled or reduced, yet their logprob requests are uploaded like any emitting lane's.
         sampling = _drawing(plan)
@@ -233,14 +336,7 @@ class TorchExecutor:
             )
         if not any(work.speculation is not None for work in sampling):
             (chosen,) = self._agree(self._sampler.sample(logits, tensors))
-            plain = _Round(
-                raw_logits,
-                tuple(first_rows),
-                tuple(drafts),
-                tuple((t,) for t in chosen.tolist()),
-                (0,) * len(sampling),
-            )
-            return plain, failed
+            return _Launched(raw_logits, tuple(first_rows), tuple(drafts), chosen), failed
         # A row's draft is the token fed after it; a lane's last row has none (-1).
         row_drafts = [draft for lane in drafts for draft in (*lane, -1)]
         keeps, chosen = self._agree(
@@ -251,8 +347,7 @@ class TorchExecutor:
                 None if q is None else _row_probs(q[:, start:stop], drafts, len(rows)),
             )
         )
-        verified = _verdicts(drafts, first_rows, raw_logits, keeps.tolist(), chosen.tolist())
-        return verified, failed
+        return _Launched(raw_logits, tuple(first_rows), tuple(drafts), chosen, keeps), failed
 
     def _agree(self, *outcome: torch.Tensor) -> list[torch.Tensor]:
         """The acceptance broadcast: every rank commits rank 0's verdicts and tokens ([R] each).
@@ -377,23 +472,48 @@ class TorchExecutor:
         return retired
 
     def _reduce(
-        self, frame: int, plan: StepPlan, sampled: _Round, records: list[CompletionRecord]
+        self,
+        frame: int,
+        plan: StepPlan,
+        sampled: _Round,
+        emitted: list[tuple[int, ...]],
     ) -> None:
-        """The logprob writer: after the commit, over the raw target rows of emitted positions
+        """The logprob writer: after the commit (or, for a plan that commits late, after the
+        draw, which decides the same tokens), over the raw target rows of emitted positions
         only (accepted drafts, the correction, the bonus); rejected and unoffered rows are
-        never read."""
+        never read. `emitted` holds what each drawing lane emitted, in plan order."""
         if not any(work.sampling.logprobs is not None for work in plan.works if work.sample):
             return
         rows, slots, positions, chosen = [], [], [], []
-        drawing = zip(plan.works, records, strict=True)
-        lanes = (record for work, record in drawing if work.sample and work.forced_token is None)
-        for first_row, record in zip(sampled.first_rows, lanes, strict=True):
-            for position, token_id in enumerate(record.tokens):
+        lanes = (work for work in plan.works if work.sample and work.forced_token is None)
+        for first_row, work, tokens in zip(sampled.first_rows, lanes, emitted, strict=True):
+            for position, token_id in enumerate(tokens):
                 rows.append(first_row + position)
-                slots.append(record.slot)
+                slots.append(work.slot)
                 positions.append(position)
                 chosen.append(token_id)
         self._outputs.reduce(frame, sampled.raw_logits, rows, slots, positions, chosen)
+
+
+def _sampled(launched: _Launched) -> _Round:
+    """The host's read of a launched submission's choices (it waits for the device), each
+    lane's round under the shared speculative verdict where it verified drafts."""
+    chosen = launched.chosen.tolist()
+    if launched.keeps is None:
+        return _Round(
+            launched.raw_logits,
+            launched.first_rows,
+            launched.drafts,
+            tuple((t,) for t in chosen),
+            (0,) * len(launched.first_rows),
+        )
+    return _verdicts(
+        list(launched.drafts),
+        list(launched.first_rows),
+        launched.raw_logits,
+        launched.keeps.tolist(),
+        chosen,
+    )
 
 
 def _proposes(work: SlotWork) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from domain.contract.records import CompletionRecord
@@ -70,12 +70,18 @@ def _kept_fields(lane_type: type) -> tuple[str, ...]:
 _KEPT_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
-def resolve_pending(plan: StepPlan, previous: Iterable[CompletionRecord]) -> StepPlan:
+def last_tokens(records: Iterable[CompletionRecord]) -> dict[tuple[int, int], int]:
+    """By (slot, epoch), the last token each emitting record emitted: what the lane planned
+    ahead of it feeds."""
+    return {(r.slot, r.epoch): r.tokens[-1] for r in records if r.tokens}
+
+
+def resolve_pending(plan: StepPlan, last: Mapping[tuple[int, int], int]) -> StepPlan:
     """The plan an executor runs: each placeholder replaced by the last token its slot emitted
-    (at the lane's epoch) in the executor's previous submission, `previous` being its records."""
+    (at the lane's epoch) in the executor's previous submission, `last` holding those tokens
+    (`last_tokens` of its records, or `late_commit.drawn_tokens` of a commit left for later)."""
     if not any(PENDING_TOKEN in work.token_ids for work in plan.works):
         return plan
-    last = {(r.slot, r.epoch): r.tokens[-1] for r in previous if r.tokens}
     works = []
     for work in plan.works:
         fed = work.token_ids

@@ -18,6 +18,7 @@ from domain.engine.commit import commit_round
 from domain.engine.step import SlotWork, StepPlan
 from domain.logprobs.prompt_scores import prompt_targets
 from domain.logprobs.values import NO_TOKEN, LogprobOptions, sort_key
+from domain.overlap.pending import PENDING_TOKEN
 from domain.requests.choice_sampling import LaneSampling
 from domain.requests.sampling import SamplingParams
 from domain.speculation.choice import DraftLane
@@ -49,6 +50,10 @@ def torch_settings():
 def executor(request, tmp_path_factory) -> ModelExecutor:
     if request.param == "fake":
         return FakeExecutor(replace(FAKE_GEOMETRY, logprobs=SCORING))
+    return _torch_executor(tmp_path_factory)
+
+
+def _torch_executor(tmp_path_factory):
     from adapters.gpu.factory import build_executor
     from adapters.tokenizer.hf import HfTokenizer
     from tests.support.tiny_serving import build_tiny_model_dir
@@ -214,6 +219,69 @@ def test_a_seeded_lane_samples_the_same_token_whatever_the_batch(executor):
     ).records[1]
 
     assert crowd.tokens == alone.tokens
+
+
+def _next(work: SlotWork, token: int) -> SlotWork:
+    """The lane's decode step after its prompt: feeding `token` (or the placeholder)."""
+    sampling = replace(work.sampling, remaining=work.sampling.remaining - 1)
+    fed = len(work.token_ids)
+    return replace(work, token_ids=(token,), start_position=fed, sampling=sampling)
+
+
+def test_a_plan_made_ahead_reads_what_the_same_plans_read_in_turn(executor):
+    """The overlapped loop submits step N + 1, whose lanes feed placeholders, before it reads
+    step N; an executor may commit N only after it launched N + 1 (`commits_late`)."""
+    asks = LogprobOptions(top_k=3)
+    lanes = Lanes()
+    greedy, seeded = (
+        lanes.work(1, prompt(15), logprobs=asks),
+        lanes.work(3, prompt(16), params=SAMPLED, seed=9),
+    )
+    first = run(executor, greedy, seeded)
+    tokens = [record.tokens[-1] for record in first.records]
+    second = run(executor, _next(greedy, tokens[0]), _next(seeded, tokens[1]))
+
+    lanes = Lanes()
+    greedy, seeded = (
+        lanes.work(1, prompt(15), logprobs=asks),
+        lanes.work(3, prompt(16), params=SAMPLED, seed=9),
+    )
+    ahead = executor.submit(StepPlan((greedy, seeded)))
+    after = executor.submit(StepPlan((_next(greedy, PENDING_TOKEN), _next(seeded, PENDING_TOKEN))))
+    read_ahead, read_after = executor.read(ahead), executor.read(after)
+
+    assert read_ahead.records == first.records and read_after.records == second.records
+    assert read_ahead.logprobs == first.logprobs and read_after.logprobs == second.logprobs
+    assert [r.tokens for r in read_after.records] != [(PENDING_TOKEN,)] * 2
+
+
+@pytest.mark.model
+def test_a_late_commit_that_fails_fails_its_own_read_and_the_next_step_runs_on(
+    tmp_path_factory, monkeypatch
+):
+    """The torch executor commits a plain step after it launched the next one: a failure of
+    that commit belongs to the step it commits, never to the one it ran beside."""
+    executor = _torch_executor(tmp_path_factory)
+    work = Lanes().work(2, prompt(17), logprobs=LogprobOptions(top_k=2))
+    first = run(executor, work)
+    second = run(executor, _next(work, first.records[0].tokens[-1]))
+    commit, failed = executor._commit, []
+
+    def failing_once(frame, plan, sampled, retired):
+        if not failed:
+            failed.append(frame)
+            raise RuntimeError("the commit of this step broke")
+        return commit(frame, plan, sampled, retired)
+
+    monkeypatch.setattr(executor, "_commit", failing_once)
+    ahead = executor.submit(StepPlan((work,)))
+    after = executor.submit(StepPlan((_next(work, PENDING_TOKEN),)))
+
+    with pytest.raises(RuntimeError, match="the commit of this step broke"):
+        executor.read(ahead)
+    result = executor.read(after)
+    assert failed == [ahead]
+    assert result.records == second.records and result.logprobs == second.logprobs
 
 
 def test_a_scored_plan_scores_every_row_against_its_target(executor):

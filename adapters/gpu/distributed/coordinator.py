@@ -56,6 +56,9 @@ class CoordinatorExecutor:
             self._break(error)
             raise ParallelFailure(self.failure or str(error)) from error
 
+    def settle(self, frame: int) -> None:
+        self._executor.settle(frame)
+
     def read(self, frame: int) -> FrameResult:
         return self._executor.read(frame)
 

@@ -244,6 +244,9 @@ class PayloadDroppingExecutor:
     def submit(self, plan):
         return self._executor.submit(plan)
 
+    def settle(self, frame: int) -> None:
+        self._executor.settle(frame)
+
     def read(self, frame: int) -> FrameResult:
         return dataclasses.replace(self._executor.read(frame), logprobs=())
 
