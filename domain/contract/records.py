@@ -6,6 +6,8 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from domain.common.frozen import quick_init
+
 HEADER_WORDS = 16
 DEFAULT_TOKEN_CAPACITY = 8
 
@@ -57,6 +59,7 @@ def resolve_token_capacity(declared: int | None) -> int:
     return declared
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class CompletionRecord:
     """One lane of a completion frame: who it belongs to and which tokens it emitted."""

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from domain.common.frozen import quick_init
 from domain.logprobs.prompt_scores import PromptScore
 from domain.logprobs.values import PositionLogprobs
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ChoiceDelta:
     """New text and tokens of one choice; `finish_reason` is set on its last delta only.
@@ -102,6 +104,7 @@ class RequestEnd:
     error_param: str | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class LogprobEntry:
     """The logprobs of one emitted token, with the character offset of its text in the choice."""

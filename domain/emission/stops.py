@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from domain.common.frozen import quick_init
 
+
+@quick_init
 @dataclass(frozen=True, slots=True)
 class StopResult:
     """Text that may be released now, and the stop string that ended the stream, if any."""

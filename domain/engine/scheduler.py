@@ -12,7 +12,7 @@ from domain.contract.records import CompletionRecord
 from domain.engine.sequence import Sequence, SequenceState
 from domain.engine.step import SlotWork, StepPlan
 from domain.overlap.pending import may_plan_ahead
-from domain.speculation.choice import Proposal
+from domain.speculation.choice import Proposal, lane_proposal
 from domain.telemetry.step_stats import SchedulerState, SchedulerTotals
 
 
@@ -112,7 +112,7 @@ class Scheduler:
             # A choice whose tokens in flight end its budget runs no further lane.
             if chunk < 1 or cache.pending and sequence.remaining <= cache.pending:
                 continue
-            proposal = None if scored else _proposal(sequence, chunk, budget)
+            proposal = None if scored else lane_proposal(sequence, chunk, budget)
             # Drafts, known or still to be proposed, take cache positions and budget too.
             room = chunk + (proposal.room if proposal is not None else 0)
             if not self._reserve(sequence, room):
@@ -231,25 +231,6 @@ class Scheduler:
 def _reads(sequence: Sequence) -> bool:
     """A scored prompt computes every row it scores; penalties count the prompt's fed tokens."""
     return sequence.scoring is None and not sequence.sampling.params.uses_penalties
-
-
-def _proposal(sequence: Sequence, chunk: int, budget: int) -> Proposal | None:
-    """What speculation adds to a decode lane: drafts within the token budget and one short of
-    the remaining output budget (a round also emits the target's own token). None before
-    `min_tokens` are out, whose bans a width-one round applies, and none while a grammar waits
-    for the reasoning's end: a draft past it would emit answer tokens the grammar never saw."""
-    speculation = sequence.speculation
-    decoding = chunk == 1 and sequence.cache.num_computed + 1 == sequence.num_tokens
-    if speculation is None or not decoding or sequence.awaits_grammar:
-        return None
-    if len(sequence.outputs) < sequence.sampling.params.min_tokens:
-        return None
-    cap = min(sequence.remaining - 1, budget - 1)
-    if sequence.budget is not None:
-        # No round runs past a token the thinking budget forces; a lane with a forced token
-        # pending does not speculate at all (room 0).
-        cap = min(cap, sequence.budget.room - 1)
-    return speculation.propose(lambda: sequence.prompt + tuple(sequence.outputs), cap)
 
 
 def _work(

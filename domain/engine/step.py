@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from domain.common.frozen import quick_init
 from domain.requests.choice_sampling import LaneSampling
 from domain.speculation.choice import DraftLane
 from domain.structured.constraint import GrammarLane
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class SlotWork:
     """One lane of a step: feed a chunk of a sequence, and maybe sample the next token.

@@ -8,6 +8,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from domain.common.frozen import quick_init
 from domain.common.ranges import TOKEN_ID, check_logprob_count
 from domain.common.wire import REPR_FIXED_FROM, wire_float
 
@@ -40,6 +41,7 @@ def sort_key(logprob: float, token_id: int) -> int:
     return (ordered << 32) | (0xFFFFFFFF - token_id)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TokenLogprob:
     """One token and its logprob, the FP32 value the device wrote, widened to a float."""

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from domain.common.frozen import quick_init
 from domain.logprobs.values import LogprobOptions
 from domain.requests.engine_request import EngineRequest
 from domain.requests.sampling import SamplingParams
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class LaneSampling:
     """How a lane draws: its request's parameters and the choice's seed; and, when it samples,

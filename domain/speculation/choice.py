@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from domain.speculation.drafts import (
     NgramProposer,
@@ -11,6 +12,9 @@ from domain.speculation.drafts import (
     SpeculativeMethod,
     next_draft_limit,
 )
+
+if TYPE_CHECKING:  # the engine's scheduler asks this of its sequences: naming them is a cycle
+    from domain.engine.sequence import Sequence
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,3 +110,22 @@ class ChoiceSpeculation:
 
     def preempted(self) -> None:
         self.draft_computed = 0
+
+
+def lane_proposal(sequence: Sequence, chunk: int, budget: int) -> Proposal | None:
+    """What speculation adds to a decode lane: drafts within the token budget and one short of
+    the remaining output budget (a round also emits the target's own token). None before
+    `min_tokens` are out, whose bans a width-one round applies, and none while a grammar waits
+    for the reasoning's end: a draft past it would emit answer tokens the grammar never saw."""
+    speculation = sequence.speculation
+    decoding = chunk == 1 and sequence.cache.num_computed + 1 == sequence.num_tokens
+    if speculation is None or not decoding or sequence.awaits_grammar:
+        return None
+    if len(sequence.outputs) < sequence.sampling.params.min_tokens:
+        return None
+    cap = min(sequence.remaining - 1, budget - 1)
+    if sequence.budget is not None:
+        # No round runs past a token the thinking budget forces; a lane with a forced token
+        # pending does not speculate at all (room 0).
+        cap = min(cap, sequence.budget.room - 1)
+    return speculation.propose(lambda: sequence.prompt + tuple(sequence.outputs), cap)
