@@ -167,8 +167,9 @@ class ChoiceEmission:
             self._offsets_sent += 1
 
     def _feed(self, new_text: str) -> str:
-        """Passes decoded text through the stops; returns what they release."""
-        released = self._matcher.feed(new_text).text
+        """Passes decoded text through the stops; returns what they release (all of it for a
+        choice without stop strings, whose matcher would hold nothing back)."""
+        released = self._matcher.feed(new_text).text if self._params.stop else new_text
         self._released += len(released)
         return released
 

@@ -76,14 +76,21 @@ class PositionLogprobs:
         if len(ids) != len(logprobs):
             raise ValueError(f"{len(ids)} alternative IDs but {len(logprobs)} values")
         position: PositionLogprobs = object.__new__(cls)
-        object.__setattr__(position, "chosen", chosen)
-        object.__setattr__(position, "alternative_ids", ids)
-        object.__setattr__(position, "alternative_logprobs", logprobs)
+        # Through the slots' own descriptors, as `quick_init` sets them: one is built per
+        # emitted position, twice (the engine's read, then the API process's decode).
+        _SET_CHOSEN(position, chosen)
+        _SET_IDS(position, ids)
+        _SET_LOGPROBS(position, logprobs)
         return position
 
     @property
     def alternatives(self) -> tuple[TokenLogprob, ...]:
         return tuple(map(TokenLogprob, self.alternative_ids, self.alternative_logprobs))
+
+
+_SET_CHOSEN = vars(PositionLogprobs)["chosen"].__set__
+_SET_IDS = vars(PositionLogprobs)["alternative_ids"].__set__
+_SET_LOGPROBS = vars(PositionLogprobs)["alternative_logprobs"].__set__
 
 
 def unpack_pairs(words: Sequence[int], first: int, pairs: int) -> tuple[TokenLogprob, ...]:
