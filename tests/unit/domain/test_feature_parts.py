@@ -19,25 +19,11 @@ from domain.speculation.choice import ChoiceSpeculation, DraftLane, Proposal
 from domain.speculation.drafts import SpeculativeConfig, SpeculativeMethod
 from domain.structured.constraint import GrammarLane, OutputConstraint
 from domain.structured.grammar import GrammarKind, GrammarSpec
+from tests.support.lanes import lane
 
-SAMPLING = LaneSampling(SamplingParams(), 0, remaining=8)
 CHOICE = GrammarSpec(GrammarKind.CHOICE, json.dumps(["abc"]))
 DRAFT = SpeculativeConfig(SpeculativeMethod.DRAFT_MODEL, 3, model="draft")
 NGRAM = SpeculativeConfig(SpeculativeMethod.NGRAM, 3, 1, 2)
-
-
-def lane(**parts) -> SlotWork:
-    fields = dict(
-        slot=0,
-        epoch=1,
-        token_ids=(7,),
-        start_position=5,
-        block_table=(0, 1),
-        prompt_len=4,
-        sample=True,
-        sampling=SAMPLING,
-    )
-    return SlotWork(**{**fields, **parts})
 
 
 def test_a_lane_proposing_drafts_has_none_yet_and_feeds_its_draft_model():

@@ -7,37 +7,21 @@ import json
 import pytest
 
 from domain.contract.records import CompletionRecord, Finish, Role
-from domain.engine.step import SlotWork, StepPlan
+from domain.engine.step import StepPlan
 from domain.overlap.late_commit import commits_late, drawn_tokens
 from domain.overlap.pending import PENDING_TOKEN, last_tokens, resolve_pending
-from domain.requests.choice_sampling import LaneSampling
-from domain.requests.sampling import SamplingParams
 from domain.speculation.choice import DraftLane
 from domain.structured.constraint import GrammarLane
 from domain.structured.grammar import GrammarKind, GrammarSpec
+from tests.support.lanes import lane
 
-SAMPLING = LaneSampling(SamplingParams(), 0, remaining=8)
 CHOICE = GrammarSpec(GrammarKind.CHOICE, json.dumps(["abc"]))
 
 
-def lane(slot: int = 0, **parts) -> SlotWork:
-    fields = dict(
-        slot=slot,
-        epoch=1,
-        token_ids=(7,),
-        start_position=5,
-        block_table=(0, 1),
-        prompt_len=4,
-        sample=True,
-        sampling=SAMPLING,
-    )
-    return SlotWork(**{**fields, **parts})
-
-
 def test_a_plan_of_plain_sampling_and_prompt_lanes_commits_late():
-    prompt_only = lane(1, token_ids=(3, 4, 5), start_position=0, prompt_len=3, sample=False)
+    prompt_only = lane(slot=1, token_ids=(3, 4, 5), start_position=0, prompt_len=3, sample=False)
 
-    assert commits_late(StepPlan((lane(0), prompt_only)))
+    assert commits_late(StepPlan((lane(slot=0), prompt_only)))
 
 
 @pytest.mark.parametrize(
@@ -50,18 +34,22 @@ def test_a_plan_of_plain_sampling_and_prompt_lanes_commits_late():
     ids=["drafts", "grammar", "forced token"],
 )
 def test_one_lane_whose_record_the_commit_decides_keeps_the_whole_plan_in_turn(part):
-    assert not commits_late(StepPlan((lane(0), lane(1, **part))))
+    assert not commits_late(StepPlan((lane(slot=0), lane(slot=1, **part))))
 
 
 def test_a_scored_plan_commits_in_turn():
-    scored = lane(0, token_ids=(3, 4), start_position=0, prompt_len=2, prompt_targets=(4, -1))
+    scored = lane(slot=0, token_ids=(3, 4), start_position=0, prompt_len=2, prompt_targets=(4, -1))
 
     assert not commits_late(StepPlan((scored,), scored=True))
 
 
 def test_drawn_tokens_feed_the_next_plan_as_the_records_would():
     plan = StepPlan(
-        (lane(0), lane(1, token_ids=(3, 4), start_position=0, prompt_len=2, sample=False), lane(2))
+        (
+            lane(slot=0),
+            lane(slot=1, token_ids=(3, 4), start_position=0, prompt_len=2, sample=False),
+            lane(slot=2),
+        )
     )
     records = (
         CompletionRecord(0, 1, Role.SAMPLE, (21,), 5),
@@ -69,7 +57,7 @@ def test_drawn_tokens_feed_the_next_plan_as_the_records_would():
         CompletionRecord(2, 1, Role.SAMPLE, (2,), 5, finish=Finish.STOP_TOKEN),
     )
     ahead = StepPlan(
-        tuple(lane(slot, token_ids=(PENDING_TOKEN,), start_position=6) for slot in (0, 1, 2))
+        tuple(lane(slot=slot, token_ids=(PENDING_TOKEN,), start_position=6) for slot in (0, 1, 2))
     )
 
     drawn = drawn_tokens(plan, [21, 2])
@@ -81,6 +69,6 @@ def test_drawn_tokens_feed_the_next_plan_as_the_records_would():
 
 def test_drawn_tokens_are_refused_for_a_plan_that_commits_in_turn():
     with pytest.raises(ValueError, match="commits late"):
-        drawn_tokens(StepPlan((lane(0, forced_token=11),)), [11])
+        drawn_tokens(StepPlan((lane(slot=0, forced_token=11),)), [11])
     with pytest.raises(ValueError):
-        drawn_tokens(StepPlan((lane(0), lane(1))), [5])
+        drawn_tokens(StepPlan((lane(slot=0), lane(slot=1))), [5])
