@@ -87,6 +87,12 @@ class BookkeepingTally:
     def committed(self, tokens: int) -> None:
         self.tokens += tokens
 
+    def settled(self, frame: int, cpu_s: float) -> None:
+        """A late commit is its submission's host work, wherever it runs."""
+        lanes, submit_s = self._pending.get(frame, (0, 0.0))
+        self._pending[frame] = (lanes, submit_s + cpu_s)
+        self.submit_s += cpu_s
+
     def read(self, frame: int, cpu_s: float) -> None:
         lanes, submit_s = self._pending.pop(frame, (0, 0.0))
         self.read_s += cpu_s
@@ -142,8 +148,9 @@ class SimulatedExecutor:
         self._next_frame = 0
         # What a plan made ahead feeds: the previous submission's last tokens by (slot, epoch).
         self._feeds: dict[tuple[int, int], int] = {}
-        # A submission launched and not yet committed (`commits_late`).
+        # A submission launched and not yet committed (`commits_late`), then landed.
         self._late: _Launched | None = None
+        self._landed: _Launched | None = None
         self.tally = BookkeepingTally()
 
     @property
@@ -154,12 +161,12 @@ class SimulatedExecutor:
         cpu = self._cpu_clock()
         frame = self._next_frame
         self._next_frame ^= 1
-        late, self._late = self._late, None
+        # The previous step ends on the device: this one's placeholders feed its draws.
+        self.land()
+        late, self._landed = self._landed, None
         feeds, self._feeds = self._feeds, {}
         if late is not None:
-            # The previous step ends on the device: this one's placeholders feed its draws.
-            self._wait(late.deadline)
-            feeds = drawn_tokens(late.plan, (self._text[index] for _, index in late.drawn))
+            feeds = self._drawn(late)
         try:
             plan = resolve_pending(plan, feeds)
             if plan.scored:
@@ -191,20 +198,35 @@ class SimulatedExecutor:
         self.tally.submitted(frame, len(emitting), requesting, cpu_s)
         return frame
 
+    def land(self) -> int | None:
+        """Waits for a late step to end on the device, as the torch executor does; its frame,
+        or None."""
+        late, self._late = self._late, None
+        if late is not None:
+            self._wait(late.deadline)
+            self._landed = late
+        return self._landed.frame if self._landed is not None else None
+
     def settle(self, frame: int) -> None:
         """Commits `frame` if its submission left the commit for later, as the torch
         executor does."""
-        late = self._late
+        if self._late is not None and self._late.frame == frame:
+            self.land()
+        late = self._landed
         if late is None or late.frame != frame:
             return
-        self._late = None
-        self._wait(late.deadline)
-        self._feeds = drawn_tokens(late.plan, (self._text[index] for _, index in late.drawn))
+        cpu = self._cpu_clock()
+        self._landed = None
+        self._feeds = self._drawn(late)
         self._commit(late)
+        self.tally.settled(frame, self._cpu_clock() - cpu)
+
+    def _drawn(self, late: _Launched) -> dict[tuple[int, int], int]:
+        return drawn_tokens(late.plan, (self._text[index] for _, index in late.drawn))
 
     def read(self, frame: int) -> FrameResult:
-        cpu = self._cpu_clock()
         self.settle(frame)
+        cpu = self._cpu_clock()
         result = self._outputs.read(frame)
         self.tally.read(frame, self._cpu_clock() - cpu)
         return result

@@ -30,8 +30,10 @@ class ModelExecutor(Protocol):
       the frame is free for reuse after it returns.
     - `submit` may leave the frame's commit (its records, and what `read` reports) for later when
       the plan `domain.overlap.late_commit.commits_late`: it is done after the next submission
-      is launched, or by `settle(f)`, which `read(f)` does first. Only the thread that submits
-      calls `settle`, so a reader on another thread has the submitting thread settle the frame
+      is launched, or by `settle(f)`, which `read(f)` does first. `land()` waits for such a
+      step's tokens without committing it and returns its frame (None when no step waits);
+      the next `submit` then launches at once. Only the thread that submits calls `land` and
+      `settle`, so a reader on another thread has the submitting thread settle the frame
       before it reads.
     - A seeded lane samples the same token whatever else is in the batch.
     - A scored plan (only when the geometry declares scored capacities) also scores each lane's
@@ -46,6 +48,8 @@ class ModelExecutor(Protocol):
     def geometry(self) -> ExecutorGeometry: ...
 
     def submit(self, plan: StepPlan) -> int: ...
+
+    def land(self) -> int | None: ...
 
     def settle(self, frame: int) -> None: ...
 

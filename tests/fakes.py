@@ -222,6 +222,10 @@ class FakeExecutor:
             generated_total=work.end_position - work.prompt_len + 1,
         )
 
+    def land(self) -> int | None:
+        """Every submission commits at once here: no step waits to land."""
+        return None
+
     def settle(self, frame: int) -> None:
         """Every submission commits at once here."""
 

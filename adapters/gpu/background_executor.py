@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
 
 from domain.contract.frames import FrameResult
 from domain.contract.geometry import ExecutorGeometry
 from domain.engine.step import StepPlan
 from ports.executor import ModelExecutor
+
+_log = logging.getLogger(__name__)
+# A function the worker runs, its arguments, and the future its result goes to.
+_Job = tuple[Callable[..., Any], tuple[Any, ...], Future[Any]]
 
 
 class BackgroundExecutor:
@@ -30,7 +39,9 @@ class BackgroundExecutor:
 
     def __init__(self, inner: ModelExecutor) -> None:
         self._inner = inner
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="helios-device")
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._work, name="helios-device", daemon=True)
+        self._thread.start()
         self._submitted: dict[int, Future[int]] = {}
         self._next_frame = 0
 
@@ -43,14 +54,18 @@ class BackgroundExecutor:
         if frame in self._submitted:
             raise RuntimeError(f"frame {frame} is submitted again before it was read")
         self._next_frame ^= 1
-        self._submitted[frame] = self._worker.submit(self._inner.submit, plan)
+        self._submitted[frame] = self._call(self._inner.submit, plan)
         return frame
+
+    def land(self) -> int | None:
+        """The worker lands steps by itself, between submissions."""
+        return None
 
     def settle(self, frame: int) -> None:
         """Has the worker commit `frame` if its submission left the commit for later: only
         the worker touches the inner executor's per-slot state."""
         self._submitted.pop(frame).result()
-        self._worker.submit(self._inner.settle, frame).result()
+        self._call(self._inner.settle, frame).result()
 
     def read(self, frame: int) -> FrameResult:
         if frame in self._submitted:
@@ -59,4 +74,30 @@ class BackgroundExecutor:
 
     def close(self) -> None:
         """Lets the submissions queued finish, then ends the worker."""
-        self._worker.shutdown(wait=True)
+        self._jobs.put(None)
+        self._thread.join()
+
+    def _call(self, function: Callable[..., Any], *args: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        self._jobs.put((function, args, future))
+        return future
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            function, args, future = job
+            try:
+                future.set_result(function(*args))
+            except BaseException as error:  # noqa: BLE001 - raised again by the caller's result()
+                future.set_exception(error)
+            if not self._jobs.empty():
+                continue
+            # Idle with a step on the device: take its tokens when it ends, then commit it at
+            # once unless the next plan came meanwhile, which launches first (its commit then
+            # runs while the device runs that plan). When the engine is the slower side, the
+            # step it reads next is committed before it asks.
+            try:
+                landed = self._inner.land()
+                if landed is not None and self._jobs.empty():
+                    self._inner.settle(landed)
+            except Exception:  # noqa: BLE001 - executors keep a step's failure for its read
+                _log.exception("landing a step on the device's worker failed")

@@ -161,8 +161,10 @@ class TorchExecutor:
         self._failures: list[tuple[LaneFailure, ...]] = [(), ()]
         # What a plan made ahead feeds: the previous submission's last tokens by (slot, epoch).
         self._feeds: dict[tuple[int, int], int] = {}
-        # A submission launched and not yet committed (`commits_late`).
+        # A submission launched and not yet committed (`commits_late`), then landed: its
+        # tokens read and its reduction launched, its commit still to come.
         self._late: _Late | None = None
+        self._landed: tuple[_Late, _Round] | None = None
         # Per frame: why a late submission failed, raised by its `read`.
         self._errors: dict[int, Exception] = {}
 
@@ -173,14 +175,13 @@ class TorchExecutor:
     def submit(self, plan: StepPlan) -> int:
         frame = self._next_frame
         self._next_frame ^= 1
-        late, self._late = self._late, None
+        # The previous submission's tokens: this one's placeholders feed them. Its reduction
+        # is launched now, ahead of this forward, and before this upload rewrites the request
+        # flags it reads.
+        self.land()
+        landed, self._landed = self._landed, None
         feeds, self._feeds = self._feeds, {}
-        landed = None
-        if late is not None:
-            # The previous submission's tokens: this one's placeholders feed them. Its
-            # reduction is launched now, ahead of this forward, and before this upload
-            # rewrites the request flags it reads.
-            landed = self._land(late)
+        if landed is not None:
             feeds = self._drawn(landed)
         try:
             plan = resolve_pending(plan, feeds)
@@ -214,13 +215,21 @@ class TorchExecutor:
                 self._reduce(frame, plan, sampled, emitted)
         return frame
 
+    def land(self) -> int | None:
+        """Waits for a late step's tokens and launches its reduction; its frame, or None."""
+        late, self._late = self._late, None
+        if late is not None:
+            self._landed = self._land(late)
+        return self._landed[0].frame if self._landed is not None else None
+
     def settle(self, frame: int) -> None:
         """Commits `frame` if its submission left the commit for later."""
-        late = self._late
-        if late is None or late.frame != frame:
+        if self._late is not None and self._late.frame == frame:
+            self.land()
+        landed = self._landed
+        if landed is None or landed[0].frame != frame:
             return
-        self._late = None
-        landed = self._land(late)
+        self._landed = None
         self._feeds = self._drawn(landed)
         self._commit_landed(landed)
 

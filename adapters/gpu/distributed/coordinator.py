@@ -56,6 +56,9 @@ class CoordinatorExecutor:
             self._break(error)
             raise ParallelFailure(self.failure or str(error)) from error
 
+    def land(self) -> int | None:
+        return self._executor.land()
+
     def settle(self, frame: int) -> None:
         self._executor.settle(frame)
 

@@ -244,6 +244,9 @@ class PayloadDroppingExecutor:
     def submit(self, plan):
         return self._executor.submit(plan)
 
+    def land(self) -> int | None:
+        return self._executor.land()
+
     def settle(self, frame: int) -> None:
         self._executor.settle(frame)
 
