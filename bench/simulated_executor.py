@@ -210,7 +210,10 @@ class SimulatedExecutor:
     def settle(self, frame: int) -> None:
         """Commits `frame` if its submission left the commit for later, as the torch
         executor does."""
-        if self._late is not None and self._late.frame == frame:
+        # Each field read once: under `BackgroundExecutor` the engine thread's `read` calls
+        # this for a frame the worker has settled, while the worker may be landing the next.
+        late = self._late
+        if late is not None and late.frame == frame:
             self.land()
         late = self._landed
         if late is None or late.frame != frame:

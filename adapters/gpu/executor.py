@@ -224,7 +224,10 @@ class TorchExecutor:
 
     def settle(self, frame: int) -> None:
         """Commits `frame` if its submission left the commit for later."""
-        if self._late is not None and self._late.frame == frame:
+        # Each field read once: under `BackgroundExecutor` the engine thread's `read` calls
+        # this for a frame the worker has settled, while the worker may be landing the next.
+        late = self._late
+        if late is not None and late.frame == frame:
             self.land()
         landed = self._landed
         if landed is None or landed[0].frame != frame:
