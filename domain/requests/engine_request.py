@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -139,6 +140,36 @@ class CheckedRequest:
 
 
 def fresh_seed() -> int:
-    """A seed for an unseeded request: 63 bits from the OS (a `SystemRandom()` a request read
-    2,500 bytes of entropy to seed a generator it never used, 3% of the engine thread)."""
-    return int.from_bytes(os.urandom(8), "little") >> 1
+    """A seed for an unseeded request: 63 bits from a generator this process seeded once from
+    the OS.
+
+    A `SystemRandom()` a request read 2,500 bytes of entropy to seed a generator it never used
+    (3% of the engine thread); `os.urandom` a request then gave up the GIL for its system call,
+    and the engine thread waited for a busy thread's switch interval to get it back (4.8% of
+    its samples at 64 streams, docs/performance.md).
+    """
+    return _SEEDS.draw()
+
+
+class _SeedSource:
+    """One `random.Random` per process, seeded from the OS on first use and again in a forked
+    child, so that two processes never draw the same seeds."""
+
+    def __init__(self) -> None:
+        self._generator: random.Random | None = None
+        self._watching_forks = False
+
+    def draw(self) -> int:
+        generator = self._generator
+        if generator is None:
+            generator = self._generator = random.Random(os.urandom(32))
+            if not self._watching_forks:
+                self._watching_forks = True
+                os.register_at_fork(after_in_child=self._forget)
+        return generator.getrandbits(63)
+
+    def _forget(self) -> None:
+        self._generator = None
+
+
+_SEEDS = _SeedSource()
