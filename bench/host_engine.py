@@ -48,6 +48,7 @@ def run_cell(variant: str, overlapped: bool, args: argparse.Namespace) -> Cell:
     """One engine, `args.steps` measured steps after the warm-up."""
     from host_server import HostSettings, simulated_executor
 
+    from adapters.cli.asgi import METRICS_INTERVAL_S
     from adapters.cli.engine_thread import SWITCH_INTERVAL_S
     from adapters.core.export import CoreSizes, resolve_core
     from adapters.gpu.background_executor import BackgroundExecutor
@@ -62,7 +63,11 @@ def run_cell(variant: str, overlapped: bool, args: argparse.Namespace) -> Cell:
 
     core = resolve_core(None, CoreSizes(args.streams))
     tokenizer = HfTokenizer.from_dir(core.model_dir)
-    config = EngineConfig(max_num_seqs=args.streams, async_scheduling=overlapped)
+    config = EngineConfig(
+        max_num_seqs=args.streams,
+        async_scheduling=overlapped,
+        metrics_interval_s=METRICS_INTERVAL_S,
+    )
     settings = HostSettings(engine=config, step_ms=args.step_ms)
     executor = simulated_executor(settings, core, tokenizer)
     runner = BackgroundExecutor(executor) if overlapped else executor

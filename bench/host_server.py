@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from simulated_executor import TEXT, SimulatedExecutor  # noqa: E402
 
+from adapters.cli.asgi import METRICS_INTERVAL_S  # noqa: E402
 from adapters.cli.asgi import create_app as create_api_process_app  # noqa: E402
 from adapters.cli.bootstrap import DEFAULT_MODEL_NAME  # noqa: E402
 from adapters.cli.engine_supervisor import AUTHKEY_VARIABLE, EngineProcess  # noqa: E402
@@ -284,6 +285,7 @@ def main() -> int:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         async_scheduling=args.async_scheduling,
+        metrics_interval_s=METRICS_INTERVAL_S,
     )
     settings = HostSettings(args.step_ms, args.max_model_len, args.torch_threads, engine)
     if args.engine_process is not None:

@@ -37,15 +37,19 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = None
     async_scheduling: bool = False  # vLLM's async scheduling: see Engine
     prefix_caching: str | None = "sha256"  # its hash algorithm (domain.cache.pool); None: off
+    # At most one observer report this often while busy (domain.telemetry.step_tally); 0: a step
+    metrics_interval_s: float = 0.0
 
 
 class Engine:
     """Drives one executor; `submit` and `abort` may come from any thread, `step` from one.
 
-    After every step that changed anything the observer gets one StepStats; `clock` (seconds,
-    monotonic) times the latencies in it. With `async_scheduling` a step submits the next plan
-    before it reads the one in flight, so a background executor works while the host emits
-    (`docs/serving-paths.md`); steps a feature needs synchronous read first and plan after.
+    After every step that changed anything the observer gets one StepStats (with
+    `metrics_interval_s`, one an interval while busy, and one as it goes idle); `clock`
+    (seconds, monotonic) times the latencies in it. With `async_scheduling` a step submits the
+    next plan before it reads the one in flight, so a background executor works while the host
+    emits (`docs/serving-paths.md`); steps a feature needs synchronous read first and plan
+    after.
     """
 
     submit_waits = False  # submit_all queues here, in this process (ports.engine_client)
@@ -62,7 +66,7 @@ class Engine:
     ) -> None:
         self._config = config = config or EngineConfig()
         self._clock = clock
-        self._tally = StepTally(observer, clock)
+        self._tally = StepTally(observer, clock, config.metrics_interval_s)
         geometry = executor.geometry
         if config.speculative is not None:
             config.speculative.check_token_capacity(geometry.token_capacity)
@@ -140,7 +144,8 @@ class Engine:
             with self._requests.rings:
                 self._step()
         finally:
-            self._tally.report(self._scheduler.occupancy(), self._scheduler.totals())
+            idle = self._in_flight is None and not self._scheduler.has_work()
+            self._tally.report(self._scheduler.occupancy(), self._scheduler.totals(), idle=idle)
 
     def _step(self) -> None:
         with self._wake:

@@ -40,6 +40,7 @@ def observed_engine(
     eos_after: int | None = None,
     budget: int = 32,
     prefix_caching: str | None = "sha256",
+    interval_s: float = 0.0,
     **geometry_overrides,
 ) -> tuple[Engine, RecordingObserver, FakeExecutor]:
     observer = RecordingObserver()
@@ -47,7 +48,11 @@ def observed_engine(
     engine = Engine(
         executor,
         FakeTokenizer(),
-        EngineConfig(max_num_batched_tokens=budget, prefix_caching=prefix_caching),
+        EngineConfig(
+            max_num_batched_tokens=budget,
+            prefix_caching=prefix_caching,
+            metrics_interval_s=interval_s,
+        ),
         observer=observer,
         clock=clock or ManualClock(),
     )
@@ -105,6 +110,34 @@ def test_steps_that_change_nothing_are_not_reported():
 
     assert observer.steps[0].state == SchedulerState(1, 0, 1 / NUM_BLOCKS)
     assert len(observer.steps) == reported == 2
+
+
+def test_a_busy_engine_reports_once_an_interval_and_again_as_it_goes_idle():
+    clock = ManualClock(100.0)
+    engine, observer, _ = observed_engine(clock, interval_s=0.025)
+    engine.submit(request("a", 5, 4))
+    engine.submit(request("b", 5, 6))
+
+    engine.step()  # the first report is due at once
+    assert len(observer.steps) == 1
+    clock.now = 100.01
+    engine.step()
+    clock.now = 100.02
+    engine.step()
+    assert len(observer.steps) == 1, "a busy engine reported within the interval"
+    clock.now = 100.03
+    engine.step()  # due again: carries the two steps it waited over
+    assert len(observer.steps) == 2
+    assert observer.total("generation_tokens") == 8
+    assert observer.observed("inter_token_times") == pytest.approx([0.01] * 6)
+    assert [finished.reason for finished in observer.observed("finished")] == ["length"]
+    clock.now = 100.031
+    step_until_idle(engine)  # "b" ends two steps later, and the engine goes idle
+
+    assert len(observer.steps) == 3, "the steps to the idle one waited, then reported at once"
+    assert observer.total("generation_tokens") == 10
+    assert [finished.reason for finished in observer.observed("finished")] == ["length"] * 2
+    assert observer.state == SchedulerState(0, 0, 0.0)
 
 
 def test_a_stop_token_finishes_the_choice_with_stop():
