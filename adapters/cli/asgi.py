@@ -19,6 +19,7 @@ from adapters.cli import bootstrap
 from adapters.cli.engine_supervisor import AUTHKEY_VARIABLE
 from adapters.cli.engine_thread import EngineLoop
 from adapters.cli.heap import freeze_start_up_heap
+from adapters.cli.priority import yield_cpu_to_engine
 from adapters.cli.serve_config import ServeConfig
 from adapters.engine_ipc.client import EngineLink, RemoteEngine, RemoteResponseStore
 from adapters.http.app import create_app as create_http_app
@@ -126,6 +127,9 @@ def create_app(config: ServeConfig | None = None) -> falcon.asgi.App:
     config = config or ServeConfig.from_environment()
     # One metrics object per app: the engine reports steps to it, the app counts errors in it.
     reports_engine = config.api_server_count <= 1
+    if not reports_engine:
+        # On the worker's main thread, before it starts any other (they inherit the priority).
+        yield_cpu_to_engine(config.api_server_nice)
     metrics = PrometheusMetrics(
         bootstrap.served_name(config.model, config.served_model_name),
         reports_engine=reports_engine,

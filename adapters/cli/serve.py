@@ -61,6 +61,15 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "the engine process",
     )
     parser.add_argument(
+        "--api-server-nice",
+        type=_nice,
+        default=5,
+        metavar="INCREMENT",
+        help="with --api-server-count above 1, how much lower the HTTP processes' CPU priority "
+        "is than the engine process's (a nice increment, 0-19; 0 keeps them equal): where "
+        "cores are short the engine keeps the device fed first",
+    )
+    parser.add_argument(
         "--async-scheduling",
         action="store_true",
         help="overlap the host with the model (vLLM's flag): the engine plans and submits each "
@@ -111,6 +120,16 @@ def _add_parser_arguments(parser: argparse.ArgumentParser) -> None:
         help='JSON {"enable_in_reasoning": true} makes a grammar constrain the reasoning too '
         "(by default it starts after the reasoning parser's end string)",
     )
+
+
+def _nice(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= value <= 19:
+        raise argparse.ArgumentTypeError(f"{value} is not a nice increment from 0 to 19")
+    return value
 
 
 def _positive(text: str) -> int:
@@ -168,6 +187,7 @@ _SAME_NAMES = (
     "reasoning_config",
     "structured_outputs_config",
     "api_server_count",
+    "api_server_nice",
     "async_scheduling",
 )
 

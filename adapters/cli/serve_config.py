@@ -38,6 +38,9 @@ class ServeConfig:
     # listens at `engine_address` (a unix socket).
     api_server_count: int = 1
     engine_address: str | None = None
+    # `--api-server-nice`: with several API processes, how much lower their CPU priority is than
+    # the engine process's (a nice increment, adapters/cli/priority.py); 0 keeps it equal.
+    api_server_nice: int = 5
     # `--async-scheduling`: the overlapped engine loop (domain.engine.engine.EngineConfig).
     async_scheduling: bool = False
     # `--enable-prefix-caching` with `--prefix-caching-hash-algo`: the hash, or None (off).

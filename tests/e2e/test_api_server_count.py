@@ -204,6 +204,31 @@ def test_requests_land_on_both_processes_and_metrics_count_each_once(
     assert len({finished(found, "length") for found in scrapes.values()}) == 1
 
 
+def _nice_values(pid: int) -> set[int]:
+    """The nice value of every thread of process `pid` (Linux keeps one per thread)."""
+    values = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        stat = (task / "stat").read_text()
+        # Fields after the command's closing parenthesis start at field 3; nice is field 19.
+        values.add(int(stat[stat.rindex(")") + 2 :].split()[16]))
+    return values
+
+
+def test_every_thread_of_the_api_processes_runs_five_nice_steps_below_the_engine_process(
+    server: RunningServer,
+) -> None:
+    answers = [complete(server, f"priority {number}") for number in range(4)]
+    while len({answer.pid for answer in answers}) < 2 and len(answers) < ATTEMPTS:
+        answers.append(complete(server, f"priority {len(answers)}"))
+    api_pids = {answer.pid for answer in answers}
+    engine = _engine_pid(server, api_pids)
+
+    (base,) = _nice_values(engine)
+    assert _nice_values(server.pid) == {base}
+    for pid in api_pids:
+        assert _nice_values(pid) == {min(base + 5, 19)}, f"API process {pid}"
+
+
 def test_a_closed_stream_aborts_its_request_in_the_engine(server: RunningServer) -> None:
     before = settled(server)
     stream = Stream(server, "a stream the client leaves", LONG)
