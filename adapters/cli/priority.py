@@ -13,10 +13,11 @@ def yield_cpu_to_engine(increment: int) -> None:
     With `--api-server-count` above 1 the engine process keeps the device fed and the API
     processes turn its outputs into HTTP. Where they share too few cores, a step that waits for
     a core leaves the device idle, while an API process that waits only delays its frames a
-    little: on the 2-core box the simulated 7 ms step at 64 streams ran 18-20% more steps a
-    second with the API processes at nice 5 (docs/performance.md, "Engine first"). Where cores
-    are plenty the nice value changes nothing. Raising one's own nice value needs no privilege;
-    a system that refuses it leaves the priority as it was.
+    little: on the 2-core box the simulated 7 ms step ran more steps a second in every pair
+    with the API processes at nice 5, and delivered more tokens in 11 pairs of 12
+    (docs/performance.md, "the engine first"). Where cores are plenty the nice value changes
+    nothing. Raising one's own nice value needs no privilege; a system that refuses it leaves
+    the priority as it was.
     """
     if increment <= 0:
         return
