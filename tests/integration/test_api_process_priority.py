@@ -1,11 +1,13 @@
-"""An API process lowers its own CPU priority, and only by a positive increment."""
+"""An API process lowers its own CPU priority by `--api-server-nice`, and only by 0 to 19."""
 
 from __future__ import annotations
 
+import argparse
 import os
 
 import pytest
 
+from adapters.cli import serve
 from adapters.cli.priority import yield_cpu_to_engine
 
 
@@ -35,3 +37,23 @@ def test_an_increment_lowers_the_process_s_priority_by_that_much() -> None:
 @pytest.mark.skipif(not hasattr(os, "nice"), reason="no nice values here")
 def test_a_zero_increment_keeps_the_priority() -> None:
     assert _in_child(lambda: yield_cpu_to_engine(0)) == os.nice(0)
+
+
+def _serve_flags(*flags: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    serve.add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["serve", *flags])
+
+
+def test_serve_lowers_the_api_processes_by_five_unless_told_otherwise() -> None:
+    assert _serve_flags().api_server_nice == 5
+    assert _serve_flags("--api-server-nice", "0").api_server_nice == 0
+    assert _serve_flags("--api-server-nice", "19").api_server_nice == 19
+
+
+@pytest.mark.parametrize("increment", ["-1", "20", "five"])
+def test_a_nice_increment_outside_0_to_19_is_a_usage_error(increment, capsys) -> None:
+    with pytest.raises(SystemExit):
+        _serve_flags("--api-server-nice", increment)
+
+    assert "--api-server-nice" in capsys.readouterr().err
