@@ -46,6 +46,7 @@ from adapters.cli.bootstrap import DEFAULT_MODEL_NAME  # noqa: E402
 from adapters.cli.engine_supervisor import AUTHKEY_VARIABLE, EngineProcess  # noqa: E402
 from adapters.cli.engine_thread import EngineLoop  # noqa: E402
 from adapters.cli.heap import freeze_start_up_heap  # noqa: E402
+from adapters.cli.listening import gunicorn_listening  # noqa: E402
 from adapters.cli.serve_config import ServeConfig  # noqa: E402
 from adapters.core.export import CoreSizes, resolve_core  # noqa: E402
 from adapters.core.manifest import LoadedCore  # noqa: E402
@@ -224,7 +225,7 @@ class _Gunicorn(BaseApplication):
 
 def _gunicorn_options(host: str, port: int, workers: int) -> dict[str, object]:
     return {
-        "bind": f"{host}:{port}",
+        **gunicorn_listening(host, port, workers),
         "worker_class": "asgi",
         "workers": workers,
         "timeout": 300,

@@ -16,6 +16,7 @@ from typing import Any
 from gunicorn.app.base import BaseApplication
 
 from adapters.cli.engine_supervisor import AUTHKEY_VARIABLE, EngineProcess
+from adapters.cli.listening import claim_port, gunicorn_listening
 from adapters.cli.preflight import PreflightError, check_models
 from adapters.cli.runner_args import (
     add_runner_arguments,
@@ -218,17 +219,23 @@ def run(args: argparse.Namespace) -> int:
         check_models(config.model, config.runner, config.speculative)
     except PreflightError as error:
         raise SystemExit(f"helios serve: error: {error}") from None
+    try:
+        port = claim_port(args.host, args.port)
+    except OSError as error:
+        where = f"{args.host}:{args.port}"
+        raise SystemExit(f"helios serve: error: cannot listen on {where}: {error}") from None
+    options = _gunicorn_options(args, port, workers=config.api_server_count)
     if config.api_server_count > 1:
-        return _run_with_engine_process(config, args)
+        return _run_with_engine_process(config, options)
     os.environ[ENVIRONMENT_VARIABLE] = config.to_environment()
     clear_multiprocess_directory()
-    _Gunicorn(_gunicorn_options(args, workers=1)).run()
+    _Gunicorn(options).run()
     return 0
 
 
-def _gunicorn_options(args: argparse.Namespace, workers: int) -> dict[str, object]:
+def _gunicorn_options(args: argparse.Namespace, port: int, workers: int) -> dict[str, object]:
     return {
-        "bind": f"{args.host}:{args.port}",
+        **gunicorn_listening(args.host, port, workers),
         "worker_class": "asgi",
         "workers": workers,
         "timeout": args.timeout,
@@ -241,7 +248,7 @@ def _gunicorn_options(args: argparse.Namespace, workers: int) -> dict[str, objec
     }
 
 
-def _run_with_engine_process(config: ServeConfig, args: argparse.Namespace) -> int:
+def _run_with_engine_process(config: ServeConfig, options: dict[str, object]) -> int:
     """One engine process and N gunicorn workers that reach it.
 
     The metrics go to multiprocess files (a fresh directory unless PROMETHEUS_MULTIPROC_DIR
@@ -274,7 +281,7 @@ def _run_with_engine_process(config: ServeConfig, args: argparse.Namespace) -> i
     engine.watch(on_engine_exit)
     status: object = 0
     try:
-        _Gunicorn(_gunicorn_options(args, workers=config.api_server_count)).run()
+        _Gunicorn(options).run()
     except SystemExit as stopped:  # the arbiter ends with sys.exit, even when all went well
         status = stopped.code
     finally:

@@ -26,6 +26,7 @@ HTTP_TIMEOUT_S = 30.0
 # Fresh connections until both processes have answered: each accept goes to either, so 40
 # misses in a row would take a broken balance (or one process).
 ATTEMPTS = 40
+TOGETHER = 16  # connections a client opens at once
 LONG = 200  # tokens of a stream that is still running when the test acts on it
 GREEDY = {"temperature": 0.0, "extra_body": {"ignore_eos": True}}
 
@@ -202,6 +203,29 @@ def test_requests_land_on_both_processes_and_metrics_count_each_once(
     assert grown == 3 * served
     # Either process adds up the same files: the engine's counts once, not once a process.
     assert len({finished(found, "length") for found in scrapes.values()}) == 1
+
+
+def test_kept_alive_connections_opened_together_spread_over_both_processes(
+    server: RunningServer,
+) -> None:
+    # As a benchmark's or a gateway's pool opens them: all at once, each kept for many requests.
+    connections = [_connection(server) for _ in range(TOGETHER)]
+    try:
+        for connection in connections:
+            connection.connect()
+        pids = []
+        for connection in connections:
+            connection.request("GET", "/v1/models")
+            response = connection.getresponse()
+            response.read()
+            assert response.status == 200
+            pids.append(int(response.getheader(HEADER)))
+    finally:
+        for connection in connections:
+            connection.close()
+
+    # The kernel hashes each connection to a process: all 16 on one is a 1 in 32,768 chance.
+    assert len(set(pids)) == 2, f"all {TOGETHER} connections went to one API process"
 
 
 def _nice_values(pid: int) -> set[int]:

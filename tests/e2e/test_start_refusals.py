@@ -4,6 +4,7 @@ a bar over its weights as it loads."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -96,6 +97,27 @@ def test_serve_with_two_api_servers_refuses_a_gguf_it_cannot_dequantize(tmp_path
     assert line.startswith(
         f"helios serve: error: {path}: tensor 'blk.1.ffn_down.weight' has quantization type "
         "Q8_1, which the export cannot dequantize"
+    )
+
+
+@pytest.mark.parametrize("api_servers", ["1", "2"])
+def test_serve_refuses_a_port_another_server_listens_on_even_one_that_shares_ports(
+    good_dir: Path, tmp_path: Path, api_servers: str
+) -> None:
+    # What a second `helios serve --api-server-count 2` would meet: each API process of the
+    # first listens with SO_REUSEPORT, which would let a same-user listener share the port.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        line = _refused(
+            tmp_path,
+            *("serve", str(good_dir), "--port", str(port), "--device", "cpu"),
+            *("--api-server-count", api_servers),
+        )
+    assert line == (
+        f"helios serve: error: cannot listen on 127.0.0.1:{port}: [Errno 98] Address already in use"
     )
 
 
