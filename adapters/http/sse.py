@@ -9,13 +9,30 @@ from domain.common.errors import DomainError
 from domain.presentation.objects import error_object
 
 
+class DataEvent(SSEvent):
+    """A `data:` frame whose payload is text already: written as `data: <payload>` and a blank
+    line, the bytes falcon's `SSEvent(data=...)` writes.
+
+    falcon decodes the payload (to check it is UTF-8, which our JSON always is), formats a str
+    and encodes it again: 2.2 us for a 1.2 KB K=20 chunk, against 0.35 us here.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data=data)
+
+    def serialize(self, handler: object = None) -> bytes:
+        return b"data: %b\n\n" % self.data
+
+
 def json_event(payload: dict) -> SSEvent:
     """A `data:` frame of a completion or chat stream, its JSON written by `wire_json`."""
-    return SSEvent(data=wire_json.encode(payload))
+    return DataEvent(wire_json.encode(payload))
 
 
 def done_event() -> SSEvent:
-    return SSEvent(data=b"[DONE]")
+    return DataEvent(b"[DONE]")
 
 
 def error_event(error: DomainError) -> SSEvent:
