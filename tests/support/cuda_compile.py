@@ -4,12 +4,20 @@
 cannot be compiled) builds every kernel of `triton_reducer.py` and `triton_launches_vp.py` for
 sm_90, with and without selected IDs, and prints one line per kernel; the exit status is the
 number of kernels that failed. The interpreter runs kernels as Python and never meets what
-only the compiler refuses (a name bound to two shapes in two branches, for instance).
+only the compiler refuses (a name bound to two shapes in two branches, for instance). A kernel
+that compiles with a stack frame fails too: its registers spill to local memory. Triton 3.6
+lowered the old tile tree (ten levels of `tl.split`) to a 5,840-byte stack a thread, and the
+reducer ran at 1,800x the bytes floor on an H200. Run it under another Triton with
+`PYTHONPATH=DIR` after `pip install --target DIR triton==VERSION`.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
 import sys
+import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -70,17 +78,37 @@ def kernels(has_ids: bool) -> list[tuple[str, object, dict[str, object]]]:
     ]
 
 
+def stack_bytes(cubin: bytes) -> int | None:
+    """The largest stack frame of the cubin's kernels, by the cuobjdump Triton ships (None
+    when it is missing or reports none)."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.access(tool, os.X_OK):
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
+        file.write(cubin)
+        file.flush()
+        usage = subprocess.run([tool, "-res-usage", file.name], capture_output=True, text=True)
+    frames = [int(size) for size in re.findall(r"STACK:(\d+)", usage.stdout)]
+    return max(frames) if frames else None
+
+
 def compile_error(kernel: object, constants: dict[str, object]) -> str | None:
-    """The compiler's last line when `kernel` fails to compile for TARGET, else None."""
+    """The compiler's last line when `kernel` fails to compile for TARGET, or why its code
+    spills, else None."""
     names = kernel.arg_names  # type: ignore[attr-defined]
     signature = {
         name: "constexpr" if name in constants else POINTERS.get(name, "i32") for name in names
     }
     source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
     try:
-        triton.compile(source, target=TARGET, options={"enable_fp_fusion": False})
+        compiled = triton.compile(source, target=TARGET, options={"enable_fp_fusion": False})
     except Exception as error:  # the compiler raises several kinds; each is one failed kernel
         return str(error).strip().splitlines()[-1]
+    frame = stack_bytes(compiled.asm["cubin"])
+    if frame is None:
+        return "its stack frame could not be read: this Triton ships no cuobjdump"
+    if frame:
+        return f"spills: a {frame}-byte stack frame a thread"
     return None
 
 

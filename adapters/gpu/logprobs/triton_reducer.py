@@ -125,9 +125,11 @@ def tile_stats_kernel(
         ).to(tl.float32)
         peak = tl.max(x, 0)
         mass = tl_fp32_exp(x - tl_finite_or_zero(peak))
+        # Each level adds neighbours (2i, 2i+1): a sum over an axis of two is one addition.
+        # Not tl.split: Triton 3.6 lowered split's ten levels to 84k instructions spilling a
+        # 5.8 KB stack a thread, 1,800x the bytes floor on an H200 (3.9 compiled it cleanly).
         for level in tl.static_range(LOG2_TILE):
-            left, right = tl.split(tl.reshape(mass, [TILE >> (level + 1), 2]))
-            mass = left + right
+            mass = tl.sum(tl.reshape(mass, [TILE >> (level + 1), 2]), 1)
         cell = stats + (row.to(tl.int64) * tiles + tile) * 2
         tl.store(cell, peak)
         tl.store(cell + 1, tl.sum(mass, 0))
