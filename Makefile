@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := test
 .DELETE_ON_ERROR:
-.PHONY: venv native test test-fast test-matrix lint serve bench clean distclean
+.PHONY: venv native json-native test test-fast test-matrix lint serve bench clean distclean
 
 venv: $(STAMP) native
 
@@ -34,7 +34,22 @@ GEMM_SRC := adapters/gpu/model/native/row_gemm.c adapters/gpu/model/native/row_g
 GEMM_LIB := adapters/gpu/model/native/libhelios_gemm.so
 GEMM_FLAGS := $(subst -O2,-O3,$(NATIVE_FLAGS))
 
-native: $(NATIVE_LIB) $(GEMM_LIB)
+# Chat logprob JSON (adapters/http/logprob_json.py imports it and keeps its Python path without
+# it): a CPython extension module, built after the venv against its Python's headers and named
+# with its Python's suffix.
+JSON_SRC := adapters/http/native/logprob_json.c
+JSON_STEM := adapters/http/native/_logprob_json
+JSON_FLAGS := -O2 -std=c11 -fPIC -shared -Wall -Wextra
+SYSCONFIG = $(BIN)/python -c 'import sysconfig; print(sysconfig.$(1))'
+
+native: $(NATIVE_LIB) $(GEMM_LIB) json-native
+
+json-native: $(STAMP)
+	$(MAKE) --no-print-directory $(JSON_STEM)$$($(call SYSCONFIG,get_config_var("EXT_SUFFIX"))) \
+		JSON_INCLUDE=$$($(call SYSCONFIG,get_paths()["include"]))
+
+$(JSON_STEM)%: $(JSON_SRC)
+	$(CC) $(JSON_FLAGS) -I$(JSON_INCLUDE) -o $@ $<
 
 $(NATIVE_LIB): $(NATIVE_SRC)
 	$(CC) $(NATIVE_FLAGS) -o $@ $(filter %.c,$^)
@@ -82,7 +97,7 @@ bench: venv
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .hypothesis .import_linter_cache
-	rm -f $(NATIVE_LIB) $(GEMM_LIB)
+	rm -f $(NATIVE_LIB) $(GEMM_LIB) $(JSON_STEM)*.so
 	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +
 
 distclean: clean

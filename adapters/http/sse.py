@@ -23,7 +23,7 @@ class DataEvent(SSEvent):
         super().__init__(data=data)
 
     def serialize(self, handler: object = None) -> bytes:
-        return b"data: %b\n\n" % self.data
+        return b"data: %b\n\n" % (self.data or b"")
 
 
 def json_event(payload: dict) -> SSEvent:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 
+import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from adapters.http.logprob_json import LogprobJson
+from adapters.http.logprob_json import LogprobJson, native_position
 from adapters.http.wire_json import encode
 from domain.emission.outputs import LogprobEntry
 from domain.logprobs.values import (
@@ -51,18 +52,25 @@ SPECIAL_VALUES = [
 
 token_ids = st.integers(0, len(PIECES) - 1)
 logprob_values = st.one_of(
-    st.integers(-(2**31), 2**31 - 1).map(bits_to_float), st.sampled_from(SPECIAL_VALUES)
+    st.integers(-(2**31), 2**31 - 1).map(bits_to_float),
+    st.sampled_from(SPECIAL_VALUES),
+)
+# Where the wire's text is repr's (the floor up to -1e-4, both ends included): the positions
+# the C module writes, most of what a model gives.
+in_range_values = st.one_of(
+    st.floats(-9999.0, -(2.0**-13), width=32),
+    st.sampled_from([-9999.0, -0.0001, -0.00010000000474974513, -1.0]),
 )
 
 
 @st.composite
-def entries(draw):
+def entries(draw, values=logprob_values):
     """Positions with up to K alternatives, a chosen token that may lead them, any FP32 value."""
     found = []
     for offset in draw(st.lists(st.integers(0, 400), max_size=4)):
-        chosen = TokenLogprob(draw(token_ids), draw(logprob_values))
+        chosen = TokenLogprob(draw(token_ids), draw(values))
         count = draw(st.integers(0, NATURAL_TOP_K))
-        alternatives = [TokenLogprob(draw(token_ids), draw(logprob_values)) for _ in range(count)]
+        alternatives = [TokenLogprob(draw(token_ids), draw(values)) for _ in range(count)]
         if alternatives and draw(st.booleans()):
             alternatives[0] = chosen
         found.append(LogprobEntry(PositionLogprobs(chosen, alternatives), offset))
@@ -84,7 +92,12 @@ def renderings() -> list[TokenRendering]:
     ]
 
 
-WRITERS = [(rendering, LogprobJson(rendering)) for rendering in renderings()]
+# Each rendering with the C module (when built) and with the Python path alone.
+WRITERS = [
+    (rendering, LogprobJson(rendering, native=native))
+    for rendering in renderings()
+    for native in (True, False)
+]
 
 
 @given(entries(), options)
@@ -95,6 +108,13 @@ def test_chat_logprobs_from_fragments_are_the_encoded_objects_byte_for_byte(foun
         assert encode({"logprobs": written}) == encode(
             {"logprobs": chat_logprobs(found, asked, rendering)}
         )
+
+
+@given(entries(in_range_values), options)
+def test_positions_the_c_module_writes_are_the_encoded_objects_byte_for_byte(found, asked):
+    for rendering, writer in WRITERS:
+        written = writer.chat(found, asked)
+        assert encode(written) == encode(chat_logprobs(found, asked, rendering))
 
 
 def test_a_token_with_percent_signs_keeps_them_in_its_name_and_bytes():
@@ -112,3 +132,38 @@ def test_a_token_with_percent_signs_keeps_them_in_its_name_and_bytes():
     assert written == encode(
         chat_logprobs([LogprobEntry(position, 0)], LogprobOptions(2), rendering)
     )
+
+
+def test_make_builds_the_c_module_that_writes_positions():
+    assert native_position() is not None, "`make native` builds adapters/http/native"
+
+
+def test_the_c_module_writes_a_position_within_repr_s_range_and_declines_the_rest():
+    position = native_position()
+    assert position is not None
+    rendering = TokenRendering(PIECES.__getitem__)
+    writer = LogprobJson(rendering, native=False)
+    memo = writer._chat
+    for token_id in range(len(PIECES)):
+        memo[token_id]  # noqa: B018 -- fills the memo as the Python path does
+    ids, values = (4, 10, 11), (-0.25, -3.0000001192092896, -9999.0)
+    chosen = TokenLogprob(1, -0.0001)
+    entry = LogprobEntry(PositionLogprobs(chosen, list(map(TokenLogprob, ids, values))), 0)
+
+    def native(value: float, values: tuple[float, ...], ids: tuple[int, ...] = ids):
+        digits = msgspec.json.encode((value, values))
+        return position(memo, chosen.token_id, value, ids, values, digits)
+
+    written = native(chosen.logprob, values)
+    assert written is not None
+    expected = writer.chat([entry], LogprobOptions(top_k=3))
+    assert b'{"content":[%b]}' % written == expected
+    assert native(chosen.logprob, (), ()) is not None  # K=0
+    # Outside repr's range, a NaN, -inf, a token the memo lacks: the Python path's to write.
+    assert native(-1e-05, values) is None
+    assert native(chosen.logprob, (-0.25, math.nan, -1.0)) is None
+    assert native(chosen.logprob, (-0.25, -math.inf, -1.0)) is None
+    assert native(chosen.logprob, (-0.25, -10000.0, -1.0)) is None
+    assert native(chosen.logprob, values, (4, 10, 99)) is None
+    # Digits that do not match the values' count: declined, never misread.
+    assert position(memo, 1, -0.5, ids, values, b"[-0.5,[-0.25,-3.0]]") is None
