@@ -6,7 +6,7 @@ import contextlib
 import functools
 import logging
 import threading
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -14,6 +14,7 @@ from multiprocessing.connection import Connection, Listener
 
 from adapters.engine_ipc import messages as m
 from adapters.engine_ipc.outputs_codec import Output, encode_outputs
+from adapters.engine_ipc.ready_queue import ReadyQueue
 from domain.emission.channel import OutputChannel
 from domain.emission.outputs import RequestEnd
 from domain.requests.engine_request import CheckedRequest, EngineRequest
@@ -130,10 +131,7 @@ class _Session:
         self._send_lock = threading.Lock()
         self._state = threading.Condition()
         self._live: dict[str, OutputChannel] = {}
-        # Request IDs with items to send, in order (a deque: the engine thread appends
-        # without a lock); `_asked`: the writer was woken for them.
-        self._ready: deque[str] = deque()
-        self._asked = False
+        self._ready = ReadyQueue(self._state)  # request IDs with items to send, in order
         self._closed = False
         self._pending: OrderedDict[str, CheckedRequest] = OrderedDict()
         self._reader = threading.Thread(target=self._read, name="engine-session", daemon=True)
@@ -239,30 +237,16 @@ class _Session:
 
     def _mark(self, request_id: str) -> None:
         """Runs on the engine thread, once a step for each channel the step delivered to
-        (`ReadyRings`): notes it for the writer and wakes the writer for the first only.
-
-        Taking the writer's lock for every channel had the engine thread wait on the writer,
-        and the writer on the GIL, about 11 us a channel at 64 streams (bench/host.py
-        profile); a deque's append needs no lock."""
-        self._ready.append(request_id)
-        if not self._asked:
-            self._asked = True
-            with self._state:
-                self._state.notify()
+        (`ReadyRings`): queues it for the writer, which it wakes if asleep (`ReadyQueue`)."""
+        self._ready.put(request_id)
 
     def _write(self) -> None:
         while True:
             with self._state:
-                while not self._ready and not self._closed:
-                    self._state.wait()
+                self._ready.wait(lambda: self._closed)
                 if self._closed:
                     return
-                # Reset before draining: a mark that comes after the drain wakes the writer.
-                self._asked = False
-                ready: dict[str, None] = {}
-                while self._ready:
-                    ready[self._ready.popleft()] = None
-                channels = [(rid, self._live.get(rid)) for rid in ready]
+                channels = [(rid, self._live.get(rid)) for rid in self._ready.drain()]
             batch: list[tuple[str, Output]] = []
             for request_id, channel in channels:
                 if channel is None:
