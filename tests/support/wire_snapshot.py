@@ -8,8 +8,9 @@ with sorted keys. Run it before and after a change and compare the files byte fo
 
 `--raw` keeps each response's body as sent instead (key order, float text and whitespace as the
 server wrote them; IDs and times still replaced), for changes to how JSON is written.
-`--async-scheduling` serves with the overlapped engine loop, whose wire must equal the
-synchronous loop's.
+`--async-scheduling` serves with the overlapped engine loop, whose wire equals the synchronous
+loop's but for row-count rounding where a lane planned ahead joins a step (contracts/api.md,
+"Async scheduling").
 
 The server runs with its defaults, the prefix cache included: requests that repeat a prompt read
 its cached blocks, so their usage names cached tokens and their values may move in the last
