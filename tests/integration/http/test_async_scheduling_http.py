@@ -6,7 +6,6 @@ the same tokens and values within rounding without them."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ import pytest
 from adapters.http.app import create_app
 from adapters.http.serving import ModelHolder
 from tests.integration.http.conftest import MODEL_NAME, serve_tiny
+from tests.support.payloads import assert_payloads_agree
 from tests.support.wire_snapshot import record_one
 
 pytestmark = pytest.mark.model
@@ -98,22 +98,6 @@ def decoded(answer: dict) -> list[object]:
     return [json.loads(frame) for frame in frames if frame != "[DONE]"]
 
 
-def agree(left: object, right: object, where: str = "") -> None:
-    """Equal documents, but for floats within ROUNDING of each other."""
-    if isinstance(left, float) and isinstance(right, float):
-        assert math.isclose(left, right, rel_tol=0, abs_tol=ROUNDING), (where, left, right)
-    elif isinstance(left, dict) and isinstance(right, dict):
-        assert left.keys() == right.keys(), where
-        for key in left:
-            agree(left[key], right[key], f"{where}.{key}")
-    elif isinstance(left, list) and isinstance(right, list):
-        assert len(left) == len(right), where
-        for index, (one, other) in enumerate(zip(left, right, strict=True)):
-            agree(one, other, f"{where}[{index}]")
-    else:
-        assert left == right, (where, left, right)
-
-
 def test_without_batch_invariant_kernels_the_tokens_are_the_synchronous_loops_and_values_round(
     http_model_dir,
 ):
@@ -124,4 +108,4 @@ def test_without_batch_invariant_kernels_the_tokens_are_the_synchronous_loops_an
 
     assert all(answer["status"] == 200 for answer in synchronous), synchronous
     for one, other in zip(synchronous, overlapped, strict=True):
-        agree(decoded(one), decoded(other), one["path"])
+        assert_payloads_agree(decoded(one), decoded(other), ROUNDING, where=one["path"])

@@ -21,6 +21,7 @@ from domain.contract.records import Role
 from tests.integration.http.conftest import serve_tiny
 from tests.support import http_json
 from tests.support.asgi_stream import stream_post
+from tests.support.payloads import assert_payloads_agree
 from tests.support.sse import json_frames
 from tests.support.tiny_serving import build_ending_model_dir
 
@@ -82,29 +83,12 @@ def post(client, path: str = "/v1/completions", **body) -> dict:
     return http_json.post(client, path, body)
 
 
-def same_payload(plain: object, speculative: object, where: str = "$") -> None:
-    """Equal, except floats, which may differ by the CPU's shape-dependent rounding."""
-    if isinstance(plain, float) and isinstance(speculative, float):
-        assert abs(plain - speculative) <= TOLERANCE, (where, plain, speculative)
-    elif isinstance(plain, dict) and isinstance(speculative, dict):
-        assert list(plain) == list(speculative), where
-        for key in plain:
-            if key not in ("id", "created"):
-                same_payload(plain[key], speculative[key], f"{where}.{key}")
-    elif isinstance(plain, list) and isinstance(speculative, list):
-        assert len(plain) == len(speculative), where
-        for index, (a, b) in enumerate(zip(plain, speculative, strict=True)):
-            same_payload(a, b, f"{where}[{index}]")
-    else:
-        assert plain == speculative, (where, plain, speculative)
-
-
 def compare(servers, path: str = "/v1/completions", **body) -> tuple[dict, int]:
     plain_client, speculative_client, watch = servers
     start = len(watch.records)
     plain = post(plain_client, path, **body)
     speculative = post(speculative_client, path, **body)
-    same_payload(plain, speculative)
+    assert_payloads_agree(plain, speculative, TOLERANCE, skipped=frozenset({"id", "created"}))
     return speculative, watch.accepted_since(start)
 
 
