@@ -38,6 +38,7 @@ GEMM_FLAGS := $(subst -O2,-O3,$(NATIVE_FLAGS))
 # it): a CPython extension module, built after the venv against its Python's headers and named
 # with its Python's suffix.
 JSON_SRC := adapters/http/native/logprob_json.c
+JSON_HDR := adapters/http/native/float_text.h
 JSON_STEM := adapters/http/native/_logprob_json
 JSON_FLAGS := -O2 -std=c11 -fPIC -shared -Wall -Wextra
 SYSCONFIG = $(BIN)/python -c 'import sysconfig; print(sysconfig.$(1))'
@@ -55,7 +56,7 @@ json-native: $(STAMP)
 		echo "json-native: no Python.h under $$include; chat logprob JSON stays in Python"; \
 	fi
 
-$(JSON_STEM)%: $(JSON_SRC)
+$(JSON_STEM)%: $(JSON_SRC) $(JSON_HDR)
 	$(CC) $(JSON_FLAGS) -I$(JSON_INCLUDE) -o $@ $<
 
 $(NATIVE_LIB): $(NATIVE_SRC)

@@ -5,6 +5,8 @@ its entry, position and token objects (64 deltas a step at 64 streams: half a mi
 the engine process's GIL a step, and as much again to load in the API process); the same
 delta as tuples of ints, floats and strings pickles in C in under a microsecond. Deltas, the
 hot item, travel as tuples; prompt scores and request ends, once a request each, as objects.
+A position read from a frame sends its alternatives as the frame's bytes (`packed`), one bytes
+object where the two tuples were 40 numbers at K=20.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from domain.logprobs.values import PositionLogprobs, TokenLogprob
 
 Output = ChoiceDelta | PromptScores | RequestEnd
 # (request_id, index, text, token_ids, finish_reason, stop_reason, entries, text_offsets),
-# entries as (chosen ID, chosen logprob, alternative IDs, alternative logprobs, text offset)
-_Entry = tuple[int, float, tuple[int, ...], tuple[float, ...], int]
+# entries as (chosen ID, chosen logprob, alternative IDs, alternative logprobs, text offset),
+# or with the packed alternatives and None in place of the two tuples
+_Entry = tuple[int, float, tuple[int, ...] | bytes, tuple[float, ...] | None, int]
 _Ids = tuple[int, ...]
 _Delta = tuple[str, int, str, _Ids, str | None, str | int | None, tuple[_Entry, ...], _Ids]
 
@@ -28,16 +31,7 @@ def encode_outputs(batch: Sequence[tuple[str, Output]]) -> tuple[list[_Delta], l
     others: list[tuple[int, str, Output]] = []
     for place, (request_id, item) in enumerate(batch):
         if type(item) is ChoiceDelta:
-            entries = tuple(
-                (
-                    entry.position.chosen.token_id,
-                    entry.position.chosen.logprob,
-                    entry.position.alternative_ids,
-                    entry.position.alternative_logprobs,
-                    entry.text_offset,
-                )
-                for entry in item.logprobs
-            )
+            entries = tuple(map(_entry, item.logprobs))
             deltas.append(
                 (
                     request_id,
@@ -55,6 +49,28 @@ def encode_outputs(batch: Sequence[tuple[str, Output]]) -> tuple[list[_Delta], l
     return deltas, others
 
 
+def _entry(entry: LogprobEntry) -> _Entry:
+    position = entry.position
+    chosen, packed = position.chosen, position.packed
+    if packed is not None:
+        return (chosen.token_id, chosen.logprob, packed, None, entry.text_offset)
+    return (
+        chosen.token_id,
+        chosen.logprob,
+        position.alternative_ids,
+        position.alternative_logprobs,
+        entry.text_offset,
+    )
+
+
+def _position(
+    chosen: TokenLogprob, ids: tuple[int, ...] | bytes, values: tuple[float, ...] | None
+) -> PositionLogprobs:
+    if isinstance(ids, bytes):
+        return PositionLogprobs.of_packed(chosen, ids)
+    return PositionLogprobs.of_columns(chosen, ids, values or ())
+
+
 def decode_outputs(encoded: tuple[list[_Delta], list[tuple]]) -> list[tuple[str, Output]]:
     """The batch `encode_outputs` was given, in its order."""
     deltas, others = encoded
@@ -68,10 +84,7 @@ def decode_outputs(encoded: tuple[list[_Delta], list[tuple]]) -> list[tuple[str,
                 finish,
                 stop,
                 tuple(
-                    LogprobEntry(
-                        PositionLogprobs.of_columns(TokenLogprob(chosen, value), ids, values),
-                        offset,
-                    )
+                    LogprobEntry(_position(TokenLogprob(chosen, value), ids, values), offset)
                     for chosen, value, ids, values, offset in entries
                 ),
                 offsets,

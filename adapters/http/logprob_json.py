@@ -11,7 +11,10 @@ in process on the 2-core dev box. The bytes equal `wire_json.encode` of presenta
 
 A position whose values all lie where the wire's text is `repr`'s goes through the C module
 `native/logprob_json.c` when `make` has built it (7.9 us a K=20 position in Python, 3.5 us
-with it); the Python path stays for the rest and for a server without the module.
+with it); the Python path stays for the rest and for a server without the module. A position
+whose alternatives are still a frame's bytes (`PositionLogprobs.packed`, as the engine socket
+delivers them) is written from those bytes, its values' text by the module's own repr of a
+widened FP32 value (`native/float_text.h`), without a Python number made on the way.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import os
 import sysconfig
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
 
 import msgspec
 
@@ -56,12 +60,15 @@ SWITCH = "HELIOS_NATIVE_JSON"  # "0" keeps every position on the Python path
 NativePosition = Callable[
     [dict[int, bytes], int, float, Sequence[int], Sequence[float], bytes], bytes | None
 ]
+# packed_position(templates by ID, chosen ID, chosen value, packed pairs, pairs shown)
+# -> the position's JSON, or None
+PackedPosition = Callable[[list[bytes | None], int, float, bytes, int], bytes | None]
 
 
 @functools.cache
-def native_position() -> NativePosition | None:
-    """The C module's `position`, or None when the environment sets `SWITCH` to "0" or `make`
-    has not built the module (loaded on first use, not at import)."""
+def native_module() -> ModuleType | None:
+    """The C module, or None when the environment sets `SWITCH` to "0" or `make` has not built
+    it (loaded on first use, not at import)."""
     path = NATIVE_STEM.with_name(NATIVE_STEM.name + str(sysconfig.get_config_var("EXT_SUFFIX")))
     if os.environ.get(SWITCH, "1") == "0" or not path.is_file():
         return None
@@ -71,7 +78,19 @@ def native_position() -> NativePosition | None:
         return None
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
-    return module.position
+    return module
+
+
+def native_position() -> NativePosition | None:
+    """The C module's `position`, or None without the module."""
+    module = native_module()
+    return None if module is None else module.position
+
+
+def native_packed_position() -> PackedPosition | None:
+    """The C module's `packed_position`, or None without the module."""
+    module = native_module()
+    return None if module is None else module.packed_position
 
 
 def _template(value: object) -> bytes:
@@ -80,14 +99,19 @@ def _template(value: object) -> bytes:
 
 
 class _Memo(dict[int, bytes]):
-    """Per token ID bytes, made by `make` on first use."""
+    """Per token ID bytes, made by `make` on first use; `by_id` holds them too, at their ID
+    (None where none is made yet), for the C module to index without an int object."""
 
     def __init__(self, make: Callable[[int], bytes]) -> None:
         super().__init__()
         self._make = make
+        self.by_id: list[bytes | None] = []
 
     def __missing__(self, token_id: int) -> bytes:
         made = self[token_id] = self._make(token_id)
+        if token_id >= len(self.by_id):
+            self.by_id.extend([None] * (token_id + 1 - len(self.by_id)))
+        self.by_id[token_id] = made
         return made
 
 
@@ -102,6 +126,7 @@ class LogprobJson:
     def __init__(self, rendering: TokenRendering, *, native: bool = True) -> None:
         """`native=False` keeps every position on the Python path (tests compare the two)."""
         self._position = native_position() if native else None
+        self._packed_position = native_packed_position() if native else None
         text, byte_list = rendering.text, rendering.byte_list
         # b',{"token":<name>,"logprob":%b,"bytes":<list>}'
         self._chat = _Memo(
@@ -113,10 +138,19 @@ class LogprobJson:
 
     def chat(self, entries: Sequence[LogprobEntry], options: LogprobOptions) -> JsonText:
         """`chat_logprobs(entries, options, rendering)` as JSON text."""
-        chat, position = self._chat, self._position
+        chat, position, packed_position = self._chat, self._position, self._packed_position
         items = []
         for entry in entries:
             chosen = entry.position.chosen
+            packed = entry.position.packed
+            if packed_position is not None and packed is not None:
+                # None where a value is outside repr's range or a token has no template yet.
+                pairs = len(packed) >> 3
+                shown = pairs if options.selects else min(options.top_k, pairs)
+                made = packed_position(chat.by_id, chosen.token_id, chosen.logprob, packed, shown)
+                if made is not None:
+                    items.append(made)
+                    continue
             ids, values = shown_alternatives(entry, options)
             if position is not None:
                 # None for a value outside repr's range or a token not in the memo yet, which

@@ -50,23 +50,28 @@ class TokenLogprob:
     logprob: float
 
 
-@dataclass(frozen=True, slots=True, init=False)
+@dataclass(frozen=True, slots=True, init=False, eq=False)
 class PositionLogprobs:
     """One emitted position: the chosen token and the alternatives in reported order.
 
-    The alternatives are kept as two parallel tuples, their IDs and their values, read from a
-    frame in one call (`unpack_position_bytes`); `alternatives` builds their `TokenLogprob`s
-    on demand.
+    The alternatives are two parallel tuples, their IDs and their values; `alternatives` builds
+    their `TokenLogprob`s on demand. A position read from a frame keeps them as the frame's
+    bytes instead (`packed`: little-endian int32 ID and FP32 bits a pair) and unpacks the tuples
+    on first use: a K=20 position then crosses the engine socket and reaches the chat JSON
+    writer, which reads the bytes (`adapters/http/logprob_json`), without 40 Python numbers
+    made, pickled, loaded and freed on the way. Equal positions compare equal in either form.
     """
 
     chosen: TokenLogprob
-    alternative_ids: tuple[int, ...]
-    alternative_logprobs: tuple[float, ...]
+    packed: bytes | None
+    _ids: tuple[int, ...] | None
+    _logprobs: tuple[float, ...] | None
 
     def __init__(self, chosen: TokenLogprob, alternatives: Sequence[TokenLogprob] = ()) -> None:
-        object.__setattr__(self, "chosen", chosen)
-        object.__setattr__(self, "alternative_ids", tuple(a.token_id for a in alternatives))
-        object.__setattr__(self, "alternative_logprobs", tuple(a.logprob for a in alternatives))
+        _SET_CHOSEN(self, chosen)
+        _SET_PACKED(self, None)
+        _SET_IDS(self, tuple(a.token_id for a in alternatives))
+        _SET_LOGPROBS(self, tuple(a.logprob for a in alternatives))
 
     @classmethod
     def of_columns(
@@ -79,18 +84,70 @@ class PositionLogprobs:
         # Through the slots' own descriptors, as `quick_init` sets them: one is built per
         # emitted position, twice (the engine's read, then the API process's decode).
         _SET_CHOSEN(position, chosen)
+        _SET_PACKED(position, None)
         _SET_IDS(position, ids)
         _SET_LOGPROBS(position, logprobs)
         return position
+
+    @classmethod
+    def of_packed(cls, chosen: TokenLogprob, packed: bytes) -> PositionLogprobs:
+        """From the alternatives' (int32 ID, FP32 bits) pairs, little-endian, none of them
+        `NO_TOKEN`."""
+        if len(packed) % 8:
+            raise ValueError(f"{len(packed)} bytes are not whole (ID, value) pairs")
+        position: PositionLogprobs = object.__new__(cls)
+        _SET_CHOSEN(position, chosen)
+        _SET_PACKED(position, packed)
+        _SET_IDS(position, None)
+        _SET_LOGPROBS(position, None)
+        return position
+
+    @property
+    def alternative_ids(self) -> tuple[int, ...]:
+        ids = self._ids
+        return ids if ids is not None else self._unpacked()[0]
+
+    @property
+    def alternative_logprobs(self) -> tuple[float, ...]:
+        logprobs = self._logprobs
+        return logprobs if logprobs is not None else self._unpacked()[1]
+
+    def _unpacked(self) -> tuple[tuple[int, ...], tuple[float, ...]]:
+        """The packed pairs as the two tuples, kept (values widened as `bits_to_float` does);
+        two threads that unpack at once store equal tuples."""
+        packed = self.packed or b""
+        words = _pairs_layout(len(packed) // 8).unpack(packed)
+        ids, logprobs = words[0::2], words[1::2]
+        _SET_IDS(self, ids)
+        _SET_LOGPROBS(self, logprobs)
+        return ids, logprobs
 
     @property
     def alternatives(self) -> tuple[TokenLogprob, ...]:
         return tuple(map(TokenLogprob, self.alternative_ids, self.alternative_logprobs))
 
+    def _key(self) -> tuple[TokenLogprob, tuple[int, ...], tuple[float, ...]]:
+        return self.chosen, self.alternative_ids, self.alternative_logprobs
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PositionLogprobs):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return (
+            f"PositionLogprobs(chosen={self.chosen!r}, alternative_ids={self.alternative_ids!r}, "
+            f"alternative_logprobs={self.alternative_logprobs!r})"
+        )
+
 
 _SET_CHOSEN = vars(PositionLogprobs)["chosen"].__set__
-_SET_IDS = vars(PositionLogprobs)["alternative_ids"].__set__
-_SET_LOGPROBS = vars(PositionLogprobs)["alternative_logprobs"].__set__
+_SET_PACKED = vars(PositionLogprobs)["packed"].__set__
+_SET_IDS = vars(PositionLogprobs)["_ids"].__set__
+_SET_LOGPROBS = vars(PositionLogprobs)["_logprobs"].__set__
 
 
 def unpack_pairs(words: Sequence[int], first: int, pairs: int) -> tuple[TokenLogprob, ...]:
@@ -105,23 +162,32 @@ def unpack_pairs(words: Sequence[int], first: int, pairs: int) -> tuple[TokenLog
 
 
 @functools.cache
-def _position_layout(pairs: int) -> struct.Struct:
-    """A position's first 1 + `pairs` (int32 ID, FP32 value) pairs, little-endian."""
-    return struct.Struct("<" + "if" * (1 + pairs))
+def _pairs_layout(pairs: int) -> struct.Struct:
+    """`pairs` (int32 ID, FP32 value) pairs, little-endian."""
+    return struct.Struct("<" + "if" * pairs)
+
+
+_CHOSEN_PAIR = struct.Struct("<if")
+_NO_TOKEN_WORD = struct.pack("<i", NO_TOKEN)
 
 
 def unpack_position_bytes(buffer: bytes | memoryview, offset: int, pairs: int) -> PositionLogprobs:
     """One position from its int32 words in raw little-endian bytes, from byte `offset`: the
-    chosen pair and up to `pairs` alternatives, stopping at the first -1 ID, in one unpack call;
-    values are widened from FP32 exactly as `bits_to_float` widens them."""
-    words = _position_layout(pairs).unpack_from(buffer, offset)
-    # Sliced from the unpacked words directly: a copy of the pairs first cost a tenth of the
-    # engine's time a K=20 step (bench/host.py profile).
-    ids, values = words[2::2], words[3::2]
-    if NO_TOKEN in ids:
-        found = ids.index(NO_TOKEN)
-        ids, values = ids[:found], values[:found]
-    return PositionLogprobs.of_columns(TokenLogprob(words[0], words[1]), ids, values)
+    chosen pair and up to `pairs` alternatives, stopping at the first -1 ID; the alternatives
+    stay packed (`PositionLogprobs.of_packed`), values widened from FP32 when unpacked exactly
+    as `bits_to_float` widens them."""
+    token_id, value = _CHOSEN_PAIR.unpack_from(buffer, offset)
+    if not pairs:
+        return PositionLogprobs.of_packed(TokenLogprob(token_id, value), b"")
+    first = offset + 8
+    packed = bytes(buffer[first : first + 8 * pairs])
+    # The first -1 ID: the bytes of -1 found at a pair's start (a NaN's bits can hold them too).
+    end = packed.find(_NO_TOKEN_WORD)
+    while end >= 0 and end % 8:
+        end = packed.find(_NO_TOKEN_WORD, end + 1)
+    if end >= 0:
+        packed = packed[:end]
+    return PositionLogprobs.of_packed(TokenLogprob(token_id, value), packed)
 
 
 def wire_logprob(value: float) -> float:

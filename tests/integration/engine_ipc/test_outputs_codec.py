@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import struct
 
 import pytest
 from hypothesis import given
@@ -70,3 +71,14 @@ def test_a_delta_pickles_as_plain_values_and_no_domain_object() -> None:
 def test_positions_refuse_columns_of_two_lengths() -> None:
     with pytest.raises(ValueError, match="2 alternative IDs but 1 values"):
         PositionLogprobs.of_columns(TokenLogprob(1, -0.5), (2, 3), (-1.0,))
+
+
+def test_a_position_read_from_a_frame_travels_as_its_bytes() -> None:
+    pairs = struct.pack("<ifif", 2, -1.0, 3, -1.5)
+    position = PositionLogprobs.of_packed(TokenLogprob(1, -0.5), pairs)
+    delta = ChoiceDelta(0, "x", (1,), logprobs=(LogprobEntry(position, 0),))
+
+    ((_, travelled),) = decode_outputs(pickle.loads(pickle.dumps(encode_outputs([("r", delta)]))))
+
+    assert travelled.logprobs[0].position.packed == pairs
+    assert travelled == delta

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+import struct
 
 import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from adapters.http.logprob_json import LogprobJson, native_position
+from adapters.http.logprob_json import LogprobJson, native_module, native_position
 from adapters.http.wire_json import encode
 from domain.emission.outputs import LogprobEntry
 from domain.logprobs.values import (
@@ -167,3 +168,93 @@ def test_the_c_module_writes_a_position_within_repr_s_range_and_declines_the_res
     assert native(chosen.logprob, values, (4, 10, 99)) is None
     # Digits that do not match the values' count: declined, never misread.
     assert position(memo, 1, -0.5, ids, values, b"[-0.5,[-0.25,-3.0]]") is None
+
+
+def packed(found: list[LogprobEntry]) -> list[LogprobEntry]:
+    """The entries as the engine socket delivers positions read from a frame: alternatives as
+    the frame's (int32 ID, FP32 bits) pairs (values rounded to FP32, as a frame holds them)."""
+    return [
+        LogprobEntry(
+            PositionLogprobs.of_packed(
+                entry.position.chosen,
+                b"".join(
+                    struct.pack("<if", token_id, value)
+                    for token_id, value in zip(
+                        entry.position.alternative_ids,
+                        entry.position.alternative_logprobs,
+                        strict=True,
+                    )
+                ),
+            ),
+            entry.text_offset,
+        )
+        for entry in found
+    ]
+
+
+@given(entries(), options)
+def test_packed_positions_are_the_encoded_objects_byte_for_byte(found, asked):
+    found = packed(found)
+    for rendering, writer in WRITERS:
+        written = writer.chat(found, asked)
+        assert encode(written) == encode(chat_logprobs(found, asked, rendering))
+
+
+@given(entries(in_range_values), options)
+def test_packed_positions_the_c_module_writes_are_the_encoded_objects_byte_for_byte(found, asked):
+    found = packed(found)
+    for rendering, writer in WRITERS:
+        written = writer.chat(found, asked)
+        assert encode(written) == encode(chat_logprobs(found, asked, rendering))
+
+
+def test_the_c_module_writes_a_packed_position_and_declines_a_value_outside_repr_s_range():
+    module = native_module()
+    assert module is not None
+    rendering = TokenRendering(PIECES.__getitem__)
+    writer = LogprobJson(rendering, native=False)
+    memo = writer._chat
+    for token_id in range(len(PIECES)):
+        memo[token_id]  # noqa: B018 -- fills the memo (and its list by ID) as the Python path does
+    chosen = TokenLogprob(1, -0.5)
+    pairs = struct.pack("<ifif", 4, -0.25, 10, -3.0000001192092896)
+    entry = LogprobEntry(PositionLogprobs.of_packed(chosen, pairs), 0)
+
+    written = module.packed_position(memo.by_id, 1, -0.5, pairs, 2)
+    assert b'{"content":[%b]}' % written == writer.chat([entry], LogprobOptions(top_k=2))
+    shown_one = module.packed_position(memo.by_id, 1, -0.5, pairs, 1)
+    assert b'{"content":[%b]}' % shown_one == writer.chat([entry], LogprobOptions(top_k=1))
+    for value in (-1e-05, -0.0, -math.inf, math.nan, -12000.5):
+        outside = struct.pack("<ifif", 4, -0.25, 10, value)
+        assert module.packed_position(memo.by_id, 1, -0.5, outside, 2) is None
+        assert module.packed_position(memo.by_id, 1, value, pairs, 2) is None
+    # A chosen value that is not an FP32 value's widening has no text there either.
+    assert module.packed_position(memo.by_id, 1, -0.1, pairs, 2) is None
+    # A token without a template yet, and a count past the pairs.
+    assert module.packed_position(memo.by_id, len(memo.by_id), -0.5, pairs, 2) is None
+    assert module.packed_position(memo.by_id, 1, -0.5, pairs, 3) is None
+
+
+def fp32_bits(value: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", value))[0]
+
+
+def test_the_c_module_writes_repr_s_text_for_the_fp32_values_at_both_ends_and_in_between():
+    """Every FP32 value of [-9999, -1e-4] was compared once (`float_texts_disagree(0,
+    0x7F7FFFFF)`, about two minutes): here the ends of the range, the powers of two and
+    windows of each binade."""
+    module = native_module()
+    assert module is not None
+    windows = [
+        (fp32_bits(1e-4) - 50_000, fp32_bits(1e-4) + 50_000),
+        (fp32_bits(9999.0) - 100_000, fp32_bits(9999.0) + 10),
+    ]
+    for exponent in range(113, 141):  # the binades from 2^-14 to 2^13
+        first = exponent << 23
+        windows += [(first - 2, first + 2), (first + 3_000_000, first + 3_020_000)]
+    for first, last in windows:
+        assert module.float_texts_disagree(first, last) is None, (first, last)
+    assert module.float_text(-0.1) is None  # not an FP32 value's widening
+    assert module.float_text(-1e-05) is None and module.float_text(-12000.5) is None
+    for value in (-0.5, -9999.0, -0.00010000000474974513, -0.10000000149011612, -1234.5):
+        assert module.float_text(value) == repr(value).encode()

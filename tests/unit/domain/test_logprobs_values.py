@@ -254,3 +254,35 @@ def test_options_carry_natural_pairs_or_the_selected_ids_instead() -> None:
     selecting = LogprobOptions(top_k=5, token_ids=(8, 1, 3))
     assert selecting.selects
     assert selecting.pairs == 3
+
+
+def test_a_read_position_keeps_its_alternatives_as_the_frame_s_bytes_until_asked() -> None:
+    words = [7, float_to_bits(-0.5), 3, float_to_bits(-0.5), 9, float_to_bits(-2.0)]
+
+    read = unpack_position(words, 2)
+
+    assert read.packed == _frame_bytes(words[2:])
+    assert read.alternative_ids == (3, 9)
+    assert read.alternative_logprobs == (-0.5, -2.0)
+    assert read == PositionLogprobs(
+        TokenLogprob(7, -0.5), [TokenLogprob(3, -0.5), TokenLogprob(9, -2.0)]
+    )
+    assert hash(read) == hash(
+        PositionLogprobs.of_columns(TokenLogprob(7, -0.5), (3, 9), (-0.5, -2.0))
+    )
+
+
+def test_a_value_whose_bits_read_as_minus_one_does_not_end_the_alternatives() -> None:
+    # A NaN's bits 0xFFFFFFFF spell the -1 ID's bytes, but only a pair's first word is an ID.
+    words = [7, float_to_bits(-0.5), 3, -1, 9, float_to_bits(-2.0), NO_TOKEN, 0, 4, 0]
+
+    read = unpack_position(words, 4)
+
+    assert read.alternative_ids == (3, 9)
+    assert math.isnan(read.alternative_logprobs[0])
+    assert read.packed == _frame_bytes(words[2:6])
+
+
+def test_packed_alternatives_must_be_whole_pairs() -> None:
+    with pytest.raises(ValueError, match="not whole"):
+        PositionLogprobs.of_packed(TokenLogprob(1, -0.5), b"\x00" * 12)
