@@ -9,12 +9,12 @@ bytes template; a position joins its tokens' templates and fills in the values' 
 in process on the 2-core dev box. The bytes equal `wire_json.encode` of presentation's objects
 (tests/integration/http/test_logprob_json.py).
 
-A position whose values all lie where the wire's text is `repr`'s goes through the C module
-`native/logprob_json.c` when `make` has built it (7.9 us a K=20 position in Python, 3.5 us
-with it); the Python path stays for the rest and for a server without the module. A position
-whose alternatives are still a frame's bytes (`PositionLogprobs.packed`, as the engine socket
-delivers them) is written from those bytes, its values' text by the module's own repr of a
-widened FP32 value (`native/float_text.h`), without a Python number made on the way.
+A position whose alternatives are still a frame's bytes (`PositionLogprobs.packed`, as every
+served position arrives) and whose values all lie where the wire's text is `repr`'s goes
+through the C module `native/logprob_json.c` when `make` has built it: it writes the position
+from those bytes, each value's text by its own repr of the widened FP32 value
+(`native/float_text.h`), without a Python number made on the way (7.9 us a K=20 position in
+Python, 1.4 us there). The Python path stays for the rest and for a server without the module.
 """
 
 from __future__ import annotations
@@ -55,11 +55,6 @@ def value_texts(values: Sequence[float]) -> list[bytes]:
 
 NATIVE_STEM = Path(__file__).with_name("native") / "_logprob_json"
 SWITCH = "HELIOS_NATIVE_JSON"  # "0" keeps every position on the Python path
-# position(memo, chosen ID, chosen value, IDs, values, msgspec's text of (chosen value, values))
-# -> the position's JSON, or None
-NativePosition = Callable[
-    [dict[int, bytes], int, float, Sequence[int], Sequence[float], bytes], bytes | None
-]
 # packed_position(templates by ID, chosen ID, chosen value, packed pairs, pairs shown)
 # -> the position's JSON, or None
 PackedPosition = Callable[[list[bytes | None], int, float, bytes, int], bytes | None]
@@ -79,12 +74,6 @@ def native_module() -> ModuleType | None:
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module
-
-
-def native_position() -> NativePosition | None:
-    """The C module's `position`, or None without the module."""
-    module = native_module()
-    return None if module is None else module.position
 
 
 def native_packed_position() -> PackedPosition | None:
@@ -125,7 +114,6 @@ class LogprobJson:
 
     def __init__(self, rendering: TokenRendering, *, native: bool = True) -> None:
         """`native=False` keeps every position on the Python path (tests compare the two)."""
-        self._position = native_position() if native else None
         self._packed_position = native_packed_position() if native else None
         text, byte_list = rendering.text, rendering.byte_list
         # b',{"token":<name>,"logprob":%b,"bytes":<list>}'
@@ -138,13 +126,14 @@ class LogprobJson:
 
     def chat(self, entries: Sequence[LogprobEntry], options: LogprobOptions) -> JsonText:
         """`chat_logprobs(entries, options, rendering)` as JSON text."""
-        chat, position, packed_position = self._chat, self._position, self._packed_position
+        chat, packed_position = self._chat, self._packed_position
         items = []
         for entry in entries:
             chosen = entry.position.chosen
             packed = entry.position.packed
             if packed_position is not None and packed is not None:
-                # None where a value is outside repr's range or a token has no template yet.
+                # None where a value is outside repr's range or a token has no template yet,
+                # which the Python path below then adds.
                 pairs = len(packed) >> 3
                 shown = pairs if options.selects else min(options.top_k, pairs)
                 made = packed_position(chat.by_id, chosen.token_id, chosen.logprob, packed, shown)
@@ -152,14 +141,6 @@ class LogprobJson:
                     items.append(made)
                     continue
             ids, values = shown_alternatives(entry, options)
-            if position is not None:
-                # None for a value outside repr's range or a token not in the memo yet, which
-                # the Python path below then adds.
-                value = chosen.logprob
-                made = position(chat, chosen.token_id, value, ids, values, _encode((value, values)))
-                if made is not None:
-                    items.append(made)
-                    continue
             tops = b"".join(map(chat.__getitem__, ids))[1:]
             template = b'%b,"top_logprobs":[%b]}' % (chat[chosen.token_id][1:-1], tops)
             items.append(template % tuple(value_texts((chosen.logprob, *values))))

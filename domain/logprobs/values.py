@@ -68,10 +68,8 @@ class PositionLogprobs:
     _logprobs: tuple[float, ...] | None
 
     def __init__(self, chosen: TokenLogprob, alternatives: Sequence[TokenLogprob] = ()) -> None:
-        _SET_CHOSEN(self, chosen)
-        _SET_PACKED(self, None)
-        _SET_IDS(self, tuple(a.token_id for a in alternatives))
-        _SET_LOGPROBS(self, tuple(a.logprob for a in alternatives))
+        ids = tuple(a.token_id for a in alternatives)
+        _fill(self, chosen, None, ids, tuple(a.logprob for a in alternatives))
 
     @classmethod
     def of_columns(
@@ -80,14 +78,7 @@ class PositionLogprobs:
         """From the alternatives' IDs and values as two tuples of one length."""
         if len(ids) != len(logprobs):
             raise ValueError(f"{len(ids)} alternative IDs but {len(logprobs)} values")
-        position: PositionLogprobs = object.__new__(cls)
-        # Through the slots' own descriptors, as `quick_init` sets them: one is built per
-        # emitted position, twice (the engine's read, then the API process's decode).
-        _SET_CHOSEN(position, chosen)
-        _SET_PACKED(position, None)
-        _SET_IDS(position, ids)
-        _SET_LOGPROBS(position, logprobs)
-        return position
+        return _fill(object.__new__(cls), chosen, None, ids, logprobs)
 
     @classmethod
     def of_packed(cls, chosen: TokenLogprob, packed: bytes) -> PositionLogprobs:
@@ -95,12 +86,7 @@ class PositionLogprobs:
         `NO_TOKEN`."""
         if len(packed) % 8:
             raise ValueError(f"{len(packed)} bytes are not whole (ID, value) pairs")
-        position: PositionLogprobs = object.__new__(cls)
-        _SET_CHOSEN(position, chosen)
-        _SET_PACKED(position, packed)
-        _SET_IDS(position, None)
-        _SET_LOGPROBS(position, None)
-        return position
+        return _fill(object.__new__(cls), chosen, packed, None, None)
 
     @property
     def alternative_ids(self) -> tuple[int, ...]:
@@ -148,6 +134,22 @@ _SET_CHOSEN = vars(PositionLogprobs)["chosen"].__set__
 _SET_PACKED = vars(PositionLogprobs)["packed"].__set__
 _SET_IDS = vars(PositionLogprobs)["_ids"].__set__
 _SET_LOGPROBS = vars(PositionLogprobs)["_logprobs"].__set__
+
+
+def _fill(
+    position: PositionLogprobs,
+    chosen: TokenLogprob,
+    packed: bytes | None,
+    ids: tuple[int, ...] | None,
+    logprobs: tuple[float, ...] | None,
+) -> PositionLogprobs:
+    """Sets a new position's fields through the slots' own descriptors, as `quick_init` does:
+    one is built per emitted position, twice (the engine's read, the API process's decode)."""
+    _SET_CHOSEN(position, chosen)
+    _SET_PACKED(position, packed)
+    _SET_IDS(position, ids)
+    _SET_LOGPROBS(position, logprobs)
+    return position
 
 
 def unpack_pairs(words: Sequence[int], first: int, pairs: int) -> tuple[TokenLogprob, ...]:

@@ -1,13 +1,14 @@
 /* One position of a chat `logprobs.content` list as JSON text, from the per-token templates of
- * adapters/http/logprob_json.py (a CPython extension module, built by `make native`).
+ * adapters/http/logprob_json.py and the position's packed pairs (a CPython extension module,
+ * built by `make native`).
  *
  * Why C: in Python a K=20 position took about 8 us on the 2-core box (the values' text, the
  * templates' joins and one `%` format), the largest part of what K=20 adds to a stream's frame.
- * Here it is one pass over the templates. The values' digits come from msgspec, which the
- * caller asks for `[chosen, [values...]]` in one call: from the logprob floor up to -1e-4 they
- * are the digits repr writes, which is the wire's text (CPython's own repr, dtoa in mode 'r',
- * took 10 us for 21 values). A value outside that range, a token without a template yet, or
- * anything unexpected answers None, and the caller takes the Python path.
+ * Here it is one pass over the frame's (int32 ID, FP32 bits) pairs as the engine socket
+ * delivered them: each value's text is repr's of the widened FP32 value (float_text.h), from
+ * the logprob floor up to -1e-4, the wire's text there. A value outside that range, a token
+ * without a template yet, or anything unexpected answers None, and the caller takes the Python
+ * path.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -99,26 +100,6 @@ static int fill(Buffer *out, const char *text, Py_ssize_t length, Span digits)
     return filled ? FILLED : DECLINED;
 }
 
-/* The value of a float object within the range whose text is repr's; 0 when it is not one. */
-static int wire_value(PyObject *object, double *value)
-{
-    if (!PyFloat_CheckExact(object)) {
-        return 0;
-    }
-    *value = PyFloat_AS_DOUBLE(object);
-    return *value >= FLOOR && *value <= TOP; /* false for NaN */
-}
-
-/* The template of a token: a bytes value of the memo, or NULL (a miss, or an error set). */
-static PyObject *template_of(PyObject *memo, PyObject *token_id)
-{
-    PyObject *found = PyDict_GetItemWithError(memo, token_id);
-    if (found != NULL && !PyBytes_CheckExact(found)) {
-        return NULL;
-    }
-    return found;
-}
-
 static int fill_template(Buffer *out, PyObject *found, Py_ssize_t skip_head, Py_ssize_t skip_tail,
                          Span digits)
 {
@@ -129,136 +110,7 @@ static int fill_template(Buffer *out, PyObject *found, Py_ssize_t skip_head, Py_
     return fill(out, PyBytes_AS_STRING(found) + skip_head, length, digits);
 }
 
-/* The digits of the next number in msgspec's `[chosen,[v1,...,vK]]`, from `*at`, which then
- * stands after the comma or bracket that ends it; length 0 when the text has another shape. */
-static Span next_number(const char **at, const char *end, const char *opening)
-{
-    Span span = {NULL, 0};
-    const char *cursor = *at;
-    for (const char *mark = opening; *mark; mark++) {
-        if (cursor >= end || *cursor != *mark) {
-            return span;
-        }
-        cursor++;
-    }
-    const char *start = cursor;
-    while (cursor < end && *cursor != ',' && *cursor != ']' && *cursor != '[') {
-        cursor++;
-    }
-    if (cursor == start || cursor >= end) {
-        return span;
-    }
-    span.start = start;
-    span.length = cursor - start;
-    *at = cursor;
-    return span;
-}
-
-static int sequence(PyObject *object)
-{
-    return PyTuple_CheckExact(object) || PyList_CheckExact(object);
-}
-
 static const char TOP_LOGPROBS[] = ",\"top_logprobs\":[";
-
-/* position(memo, chosen_id, chosen_value, ids, values, digits) -> bytes | None, where digits
- * is msgspec's JSON of (chosen_value, values). */
-static PyObject *position(PyObject *module, PyObject *const *args, Py_ssize_t count)
-{
-    (void)module;
-    if (count != 6) {
-        PyErr_SetString(PyExc_TypeError,
-                        "position takes memo, chosen_id, chosen_value, ids, values, digits");
-        return NULL;
-    }
-    PyObject *memo = args[0], *chosen_id = args[1], *ids = args[3], *values = args[4];
-    if (!PyDict_Check(memo) || !sequence(ids) || !sequence(values) || !PyBytes_CheckExact(args[5])) {
-        Py_RETURN_NONE;
-    }
-    const char *text = PyBytes_AS_STRING(args[5]);
-    const char *text_end = text + PyBytes_GET_SIZE(args[5]);
-    /* Lists or tuples: their items stay put while no Python code runs. */
-    Py_ssize_t alternatives = PySequence_Fast_GET_SIZE(ids);
-    if (PySequence_Fast_GET_SIZE(values) != alternatives) {
-        Py_RETURN_NONE;
-    }
-    double chosen_value;
-    /* The range whose digits are repr's is checked on the values themselves. */
-    if (!wire_value(args[2], &chosen_value)) {
-        Py_RETURN_NONE;
-    }
-    for (Py_ssize_t index = 0; index < alternatives; index++) {
-        double value;
-        if (!wire_value(PySequence_Fast_GET_ITEM(values, index), &value)) {
-            Py_RETURN_NONE;
-        }
-    }
-    Buffer out;
-    out.data = out.local;
-    out.size = 0;
-    out.capacity = (Py_ssize_t)sizeof(out.local);
-    PyObject *result = NULL;
-    int status;
-    /* The chosen token's object without its leading comma and closing brace, which come after
-     * its `top_logprobs`. */
-    PyObject *found = template_of(memo, chosen_id);
-    if (found == NULL) {
-        goto declined;
-    }
-    const char *cursor = text;
-    Span digits = next_number(&cursor, text_end, "[");
-    if (digits.length == 0) {
-        goto declined;
-    }
-    status = fill_template(&out, found, 1, 1, digits);
-    if (status != FILLED) {
-        goto ended;
-    }
-    if (append(&out, TOP_LOGPROBS, (Py_ssize_t)sizeof(TOP_LOGPROBS) - 1) < 0) {
-        goto failed;
-    }
-    for (Py_ssize_t index = 0; index < alternatives; index++) {
-        found = template_of(memo, PySequence_Fast_GET_ITEM(ids, index));
-        if (found == NULL) {
-            goto declined;
-        }
-        digits = next_number(&cursor, text_end, index == 0 ? ",[" : ",");
-        if (digits.length == 0) {
-            goto declined;
-        }
-        status = fill_template(&out, found, index == 0 ? 1 : 0, 0, digits);
-        if (status != FILLED) {
-            goto ended;
-        }
-    }
-    /* What is left of the digits' text must be its closing brackets. */
-    if (strncmp(cursor, alternatives ? "]]" : ",[]]", (size_t)(text_end - cursor)) != 0
-        || text_end - cursor != (alternatives ? 2 : 4)) {
-        goto declined;
-    }
-    if (append(&out, "]}", 2) < 0) {
-        goto failed;
-    }
-    result = PyBytes_FromStringAndSize(out.data, out.size);
-    goto done;
-declined:
-    if (PyErr_Occurred()) {
-        goto failed;
-    }
-    status = DECLINED;
-ended:
-    if (status == DECLINED) {
-        result = Py_NewRef(Py_None);
-    }
-    goto done;
-failed:
-    result = NULL;
-done:
-    if (out.data != out.local) {
-        PyMem_Free(out.data);
-    }
-    return result;
-}
 
 /* The text of a widened FP32 logprob in repr's range; 0 (declined) for any other value. */
 static int value_text(double value, char *out)
@@ -286,9 +138,9 @@ static PyObject *template_at(PyObject *by_id, int32_t token_id)
     return PyBytes_CheckExact(found) ? found : NULL;
 }
 
-/* packed_position(by_id, chosen_id, chosen_value, packed, count) -> bytes | None: the same
- * text as `position`, for a position whose alternatives are still the frame's packed words
- * (int32 ID, FP32 bits; the first `count` pairs are shown), their values written here. */
+/* packed_position(by_id, chosen_id, chosen_value, packed, count) -> bytes | None: the JSON of
+ * a position whose alternatives are still the frame's packed words (int32 ID, FP32 bits; the
+ * first `count` pairs are shown). */
 static PyObject *packed_position(PyObject *module, PyObject *const *args, Py_ssize_t count)
 {
     (void)module;
@@ -422,8 +274,6 @@ static PyObject *float_texts_disagree(PyObject *module, PyObject *const *args, P
 }
 
 static PyMethodDef METHODS[] = {
-    {"position", (PyCFunction)(void (*)(void))position, METH_FASTCALL,
-     "position(memo, chosen_id, chosen_value, ids, values, digits): the JSON, or None"},
     {"packed_position", (PyCFunction)(void (*)(void))packed_position, METH_FASTCALL,
      "packed_position(by_id, chosen_id, chosen_value, packed, count): the JSON, or None"},
     {"float_text", float_text_of, METH_O, "float_text(value): a logprob's text, or None"},
