@@ -96,18 +96,20 @@ class CompletionOutputs:
 
     def _prepare(self, buffers: LogprobBuffers) -> None:
         """Sizes the reducer's workspaces and runs it once on a scratch frame, so any kernel
-        compilation happens at start-up (before capture), never while serving."""
+        compilation happens at start-up (before capture), never while serving: with and
+        without the ID inputs, since `reduce` leaves them out of steps where no slot selects."""
         self._reducer.reserve(self._geometry.capacity, self._device)
         logits = torch.zeros((1, self._width), dtype=torch.float32, device=self._device)
         scratch = torch.zeros_like(buffers.logprobs[0])
         requested = torch.zeros_like(buffers.requested)
         requested[0] = 1
-        counts = None if buffers.counts is None else torch.zeros_like(buffers.counts)
         zero = torch.zeros(1, dtype=torch.int64, device=self._device)
-        inputs = ReductionInputs(
-            logits, zero, zero, zero, requested, counts, buffers.token_ids, scratch
-        )
-        self._reducer.reduce(inputs)
+        id_inputs: list[tuple[torch.Tensor | None, torch.Tensor | None]] = [(None, None)]
+        if buffers.counts is not None:
+            id_inputs.append((torch.zeros_like(buffers.counts), buffers.token_ids))
+        for counts, token_ids in id_inputs:
+            heads = (logits, zero, zero, zero, requested)
+            self._reducer.reduce(ReductionInputs(*heads, counts, token_ids, scratch))
 
     def upload(self, frame: int, sampling: list[SlotWork]) -> bool:
         """Writes this submission's flags, counts and ID prefixes; True if any lane requests."""
@@ -159,15 +161,21 @@ class CompletionOutputs:
         def longs(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=device)
 
+        # PERF: the usual step reduces every logits row in order; a copy of them would cost
+        # the CPU more than the reduction (fresh pages every step).
+        in_order = len(rows) == logits.shape[0] and rows == list(range(len(rows)))
+        # With no slot selecting IDs (the host knows what it uploaded), the reducer skips the
+        # selected-ID merge, whose pairs would all be the natural ones.
+        selecting = any(self._uploaded[1])
         self._reducer.reduce(
             ReductionInputs(
-                logits.index_select(0, longs(rows)),
+                logits if in_order else logits.index_select(0, longs(rows)),
                 longs(slots),
                 longs(positions),
                 longs(chosen),
                 buffers.requested,
-                buffers.counts,
-                buffers.token_ids,
+                buffers.counts if selecting else None,
+                buffers.token_ids if selecting else None,
                 buffers.logprobs[frame],
             )
         )

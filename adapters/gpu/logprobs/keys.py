@@ -35,16 +35,20 @@ def key_token_ids(keys: torch.Tensor) -> torch.Tensor:
     return LOW_WORD - (keys & LOW_WORD)
 
 
-def top_sort_keys(values: torch.Tensor, k: int) -> torch.Tensor:
-    """The k largest `order_keys` of each row of FP32 `values` (all lanes real), descending.
+def top_sort_keys(values: torch.Tensor, k: int, shifts: torch.Tensor | None = None) -> torch.Tensor:
+    """The k largest `order_keys` of each row of FP32 `values` (all lanes real), descending;
+    with `shifts` [n], of the values `values - shifts[:, None]` (one FP32 subtraction each).
 
     PERF: keys are built only for the best k + 8 values by float order. That set holds every
     value >= the k-th one unless the value at its end still equals the k-th (ties run past
     it); such rows fall back to keys over the whole row. The result is the same either way.
-    CPU rows go through the compiled kernel when it is built (`native_reduction`).
+    CPU rows go through the compiled kernel when it is built (`native_reduction`), which
+    subtracts the shifts as it reads, so the shifted rows are never written out.
     """
-    fast = native_reduction.top_sort_keys(values, k)
-    return fast if fast is not None else torch_top_sort_keys(values, k)
+    fast = native_reduction.top_sort_keys(values, k, shifts)
+    if fast is not None:
+        return fast
+    return torch_top_sort_keys(values if shifts is None else values - shifts[:, None], k)
 
 
 def torch_top_sort_keys(values: torch.Tensor, k: int) -> torch.Tensor:

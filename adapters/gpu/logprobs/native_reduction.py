@@ -33,6 +33,7 @@ _SIGNATURES: dict[str, Signature] = {
     "helios_combine_tiles": ([POINTER, POINTER, INT64, INT64, POINTER], INT),
     "helios_log_normalizer": ([POINTER, INT64, INT64, INT64, POINTER], INT),
     "helios_top_keys": ([POINTER, INT64, INT64, INT64, INT64, POINTER], INT),
+    "helios_top_keys_shifted": ([POINTER, INT64, INT64, INT64, POINTER, INT64, POINTER], INT),
     "helios_count_greater": ([POINTER, INT64, INT64, INT64, POINTER, POINTER], None),
     "helios_vector_width": ([INT], INT),
 }
@@ -104,16 +105,29 @@ def combine_tiles(peaks: torch.Tensor, masses: torch.Tensor) -> torch.Tensor | N
     return normalizers
 
 
-def top_sort_keys(values: torch.Tensor, k: int) -> torch.Tensor | None:
-    """keys.top_sort_keys: the k largest sort keys of each row of `values`, descending."""
+def top_sort_keys(
+    values: torch.Tensor, k: int, shifts: torch.Tensor | None = None
+) -> torch.Tensor | None:
+    """keys.top_sort_keys: the k largest sort keys of each row of `values`, descending; with
+    `shifts` [n], those of `values - shifts[:, None]` (FP32 subtractions), never written out."""
     native = library()
     if native is None or not _rows(values) or not 1 <= k <= min(MAX_TOP_KEYS, values.shape[1]):
         return None
     count, width = values.shape
+    if shifts is not None:
+        if shifts.shape != (count,) or shifts.dtype != torch.float32:
+            return None
+        if shifts.device.type != "cpu":
+            return None
+        shifts = shifts.contiguous()
     keys = torch.empty(count, k, dtype=torch.int64)
     if count:
-        args = (values.data_ptr(), count, width, values.stride(0), k, keys.data_ptr())
-        if native.helios_top_keys(*args):
+        head = (values.data_ptr(), count, width, values.stride(0))
+        if shifts is None:
+            failed = native.helios_top_keys(*head, k, keys.data_ptr())
+        else:
+            failed = native.helios_top_keys_shifted(*head, shifts.data_ptr(), k, keys.data_ptr())
+        if failed:
             return None
     return keys
 

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from adapters.gpu.logprobs.keys import key_token_ids, top_sort_keys
 from adapters.gpu.logprobs.normalizer import log_normalizer
 from adapters.gpu.logprobs.reducer import ReductionInputs, check_inputs, check_sizes
 from domain.logprobs.values import MAX_SELECTED_IDS, NATURAL_TOP_K, NO_TOKEN
+
+
+class _Reported(NamedTuple):
+    """Requesting rows' FP32 logits `real` [rows, V] and their log normalizers `lse` [rows]."""
+
+    real: torch.Tensor
+    lse: torch.Tensor
 
 
 class ReferenceLogprobReducer:
@@ -44,27 +53,37 @@ class ReferenceLogprobReducer:
             return
         slots, positions = slots.index_select(0, rows), positions.index_select(0, rows)
         chosen = chosen.index_select(0, rows).to(torch.int64)
-        values = self._reported_values(logits, rows)
-        natural_ids, natural_bits = self._natural(values)
+        reported = self._reported(logits, rows)
+        natural_ids, natural_bits = self._natural(reported)
         pair_ids, pair_bits, live = natural_ids, natural_bits, None
         if counts is not None and token_ids is not None:
             pair_ids, pair_bits, live = self._with_selected(
-                values, slots, counts, token_ids, natural_ids, natural_bits
+                reported, slots, counts, token_ids, natural_ids, natural_bits
             )
-        chosen_bits = self._read(values, chosen, torch.ones_like(chosen, dtype=torch.bool))
+        chosen_bits = self._read(reported, chosen, torch.ones_like(chosen, dtype=torch.bool))
         write_positions(out, slots, positions, chosen, chosen_bits, pair_ids, pair_bits, live)
 
-    def _reported_values(self, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """FP32 logit - lse over the real vocabulary of the requesting rows only."""
-        real = logits[:, : self.vocab_size].index_select(0, rows).to(torch.float32)
-        return real.sub_(log_normalizer(real)[:, None])
+    def _reported(self, logits: torch.Tensor, rows: torch.Tensor) -> _Reported:
+        """The requesting rows' FP32 logits over the real vocabulary and their lse: a reported
+        value is `logit - lse`, one FP32 subtraction, made only where it is read.
 
-    def _natural(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        PERF: on the CPU the [rows, V] values were two fresh copies a step (the rows' selection
+        and the subtraction), 1.5 MB each at 8 rows of 49,152, and their page faults cost more
+        than the reduction (docs/performance.md). When every row requests, the logits are read
+        where they lie, and the compiled top keys subtract as they read."""
+        real = logits[:, : self.vocab_size]
+        if rows.numel() != real.shape[0]:
+            real = real.index_select(0, rows)
+        real = real.to(torch.float32)
+        return _Reported(real, log_normalizer(real))
+
+    def _natural(self, reported: _Reported) -> tuple[torch.Tensor, torch.Tensor]:
         """The top-K (ID, bits) pairs by sort key, padded with (-1, 0) past the vocabulary."""
-        top_keys = top_sort_keys(values, min(self.top_k, self.vocab_size))
+        real, lse = reported
+        top_keys = top_sort_keys(real, min(self.top_k, self.vocab_size), lse)
         top_ids = key_token_ids(top_keys)
         # Bits come from the values themselves, so a reported -0.0 keeps its sign.
-        top_bits = values.gather(1, top_ids).view(torch.int32)
+        top_bits = (real.gather(1, top_ids) - lse[:, None]).view(torch.int32)
         missing = self.top_k - top_ids.shape[1]
         if missing:
             top_ids = torch.nn.functional.pad(top_ids, (0, missing), value=NO_TOKEN)
@@ -73,7 +92,7 @@ class ReferenceLogprobReducer:
 
     def _with_selected(
         self,
-        values: torch.Tensor,
+        reported: _Reported,
         slots: torch.Tensor,
         counts: torch.Tensor,
         token_ids: torch.Tensor,
@@ -86,11 +105,11 @@ class ReferenceLogprobReducer:
         """
         count = counts.index_select(0, slots).to(torch.int64).clamp(max=MAX_SELECTED_IDS)
         selects = count > 0
-        index = torch.arange(MAX_SELECTED_IDS, device=values.device)
+        index = torch.arange(MAX_SELECTED_IDS, device=slots.device)
         # IDs past a slot's uploaded prefix are stale, so they are never used as read indices.
         in_prefix = index[None, :] < count[:, None]
         selected_ids = token_ids.index_select(0, slots).to(torch.int64)
-        selected_bits = self._read(values, selected_ids, in_prefix)
+        selected_bits = self._read(reported, selected_ids, in_prefix)
         padding = MAX_SELECTED_IDS - self.top_k
         natural_ids = torch.nn.functional.pad(natural_ids, (0, padding), value=NO_TOKEN)
         natural_bits = torch.nn.functional.pad(natural_bits, (0, padding), value=0)
@@ -99,12 +118,14 @@ class ReferenceLogprobReducer:
         live = torch.where(selects[:, None], in_prefix, index[None, :] < self.top_k)
         return pair_ids, pair_bits, live
 
-    def _read(self, values: torch.Tensor, ids: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
-        """int32 bits of values[row, id] where wanted; NaN bits for an ID outside the vocabulary."""
+    def _read(self, reported: _Reported, ids: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
+        """int32 bits of the value at [row, id] where wanted; NaN bits for an ID outside the
+        vocabulary."""
+        real, lse = reported
         inside = (ids >= 0) & (ids < self.vocab_size)
         safe = torch.where(wanted & inside, ids, torch.zeros_like(ids))
         squeeze = ids.dim() == 1
-        read = values.gather(1, safe[:, None] if squeeze else safe)
+        read = real.gather(1, safe[:, None] if squeeze else safe) - lse[:, None]
         read = read.squeeze(1) if squeeze else read
         return torch.where(inside, read, torch.full_like(read, float("nan"))).view(torch.int32)
 

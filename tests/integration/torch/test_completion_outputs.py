@@ -155,3 +155,48 @@ def test_a_frame_without_requesting_lanes_returns_no_payload(backend):
     outputs.commit(1, [CompletionRecord(0, 1, Role.SAMPLE, (4,))])
 
     assert outputs.read(1).logprobs == ()
+
+
+class _Recording:
+    """A reducer that keeps every call's inputs and hands it on."""
+
+    def __init__(self, reducer) -> None:
+        self.reducer, self.calls = reducer, []
+
+    def reduce(self, inputs) -> None:
+        self.calls.append(inputs)
+        self.reducer.reduce(inputs)
+
+
+def test_the_reducer_gets_id_inputs_only_while_a_slot_selects_and_writes_the_same_words(backend):
+    outputs = CompletionOutputs(geometry(), torch.device("cpu"), backend)
+    recording = outputs._reducer = _Recording(outputs._reducer)
+    logits = torch.randn(2, VOCAB)
+    natural = [lane(0, LogprobOptions(top_k=20)), lane(1, LogprobOptions(top_k=3))]
+
+    outputs.upload(0, natural)
+    outputs.reduce(0, logits, [0, 1], [0, 1], [0, 0], [4, 5])
+    outputs.upload(1, [natural[0], lane(1, LogprobOptions(token_ids=(9, 2)))])
+    outputs.reduce(1, logits, [0, 1], [0, 1], [0, 0], [4, 5])
+
+    without, with_ids = recording.calls
+    assert without.counts is None and without.token_ids is None
+    assert with_ids.counts is outputs.buffers.counts
+    # In order, every row reduced: the logits themselves, no copy.
+    assert without.logits is logits and with_ids.logits is logits
+    # Slot 0 asked the same in both frames; the merge with selected IDs leaves its words alone.
+    words = outputs.buffers.logprobs
+    assert torch.equal(words[0, 0, 0], words[1, 0, 0])
+    assert words[1, 1, 0, 2:6].tolist()[::2] == [9, 2]
+
+
+def test_rows_out_of_order_reach_the_reducer_as_a_selection(backend):
+    outputs = CompletionOutputs(geometry(), torch.device("cpu"), backend)
+    recording = outputs._reducer = _Recording(outputs._reducer)
+    logits = torch.randn(3, VOCAB)
+    outputs.upload(0, [lane(0, LogprobOptions(top_k=2)), lane(1, LogprobOptions(top_k=2))])
+
+    outputs.reduce(0, logits, [2, 0], [0, 1], [0, 0], [4, 5])
+
+    (inputs,) = recording.calls
+    assert torch.equal(inputs.logits, logits[[2, 0]])

@@ -66,6 +66,10 @@ def random_rows(vocab: int, seed: int) -> list[tuple[str, torch.Tensor]]:
     extremes[1, vocab - 1] = -3.4e38
     negative_zero_max = -normal(2).abs()
     negative_zero_max[:, vocab // 3] = -0.0
+    # One lane far above the rest: every other value rounds to the same -lse, ties the
+    # subtraction makes out of distinct logits.
+    towering = normal(2)
+    towering[:, vocab // 2] = 1e9
     return [
         ("normal", normal()),
         ("wide", normal(2, 40.0)),
@@ -80,6 +84,7 @@ def random_rows(vocab: int, seed: int) -> list[tuple[str, torch.Tensor]]:
         ("subnormal", normal(2, 1e-40)),
         ("+0.0 everywhere", torch.zeros(2, vocab)),
         ("-0.0 maximum", negative_zero_max),
+        ("one towering lane", towering),
     ]
 
 
@@ -137,6 +142,23 @@ def test_top_sort_keys_and_greater_counts_equal_the_torch_ones(
         counts = native_reduction.count_greater(case.values, case.pivots)
         assert counts is not None
         assert_same_bits(counts, case.counts)
+
+
+def test_top_keys_of_logits_shifted_by_their_normalizers_are_the_values_keys(
+    cases: list[Case], width: int
+) -> None:
+    """The reducer ranks `logits - lse` without writing it: the compiled kernel subtracts as it
+    reads, and a row it declines (a NaN value) gets the torch keys of the written values."""
+    for case in cases:
+        for k in sorted({1, min(NATURAL_TOP_K, case.rows.shape[1])}):
+            want = case.keys.get(k)
+            if want is None:
+                want = torch_top_sort_keys(case.values, k)
+            fast = native_reduction.top_sort_keys(case.rows, k, case.normalizer)
+            assert (fast is not None) == case.ranked, case.name
+            if fast is not None:
+                assert_same_bits(fast, want)
+            assert_same_bits(top_sort_keys(case.rows, k, case.normalizer), want)
 
 
 def test_rows_only_torch_decides_fall_back_to_it_with_the_same_bits(width) -> None:

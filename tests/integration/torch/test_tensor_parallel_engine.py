@@ -429,8 +429,8 @@ def test_logprob_and_scoring_exchanges_carry_exactly_their_words_and_no_logits(s
     for rank in range(size):
         tally = world.load(directory, f"tally{rank}")
         # Two all-gathers per reduction of 256 FP32 words per requesting position; start-up
-        # prepares the reducer on one scratch row.
-        assert tally.words["logprobs"] == 2 * LOGPROB_WORDS * (positions + 1)
+        # prepares the reducer on one scratch row, with and without the selected-ID inputs.
+        assert tally.words["logprobs"] == 2 * LOGPROB_WORDS * (positions + 2)
         assert tally.widest_row["logprobs"] == LOGPROB_WORDS
         # Two all-gathers of 64 int32 words per scored row.
         assert tally.words["scoring"] == 2 * 64 * scored_rows

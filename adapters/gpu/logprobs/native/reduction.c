@@ -174,7 +174,16 @@ EXPORT int helios_log_normalizer(const float *rows, int64_t count, int64_t vocab
 EXPORT int helios_top_keys(const float *rows, int64_t count, int64_t width_, int64_t stride,
                            int64_t k, int64_t *keys) {
     if (k < 1 || k > MAX_TOP || k > width_) return 1;
-    return DISPATCH(top_keys, rows, count, width_, stride, k, keys);
+    return DISPATCH(top_keys, rows, count, width_, stride, NULL, k, keys);
+}
+
+/* helios_top_keys of the values rows - shifts[row], which it never writes: the reported
+ * logprobs' keys straight from the logits and their normalizers. */
+EXPORT int helios_top_keys_shifted(const float *rows, int64_t count, int64_t width_,
+                                   int64_t stride, const float *shifts, int64_t k,
+                                   int64_t *keys) {
+    if (k < 1 || k > MAX_TOP || k > width_) return 1;
+    return DISPATCH(top_keys, rows, count, width_, stride, shifts, k, keys);
 }
 
 /* How many lanes of each row exceed its pivot (NaN never does), as (values > pivot).sum(1). */

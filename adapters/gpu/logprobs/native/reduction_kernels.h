@@ -231,47 +231,54 @@ static int CAT(log_normalizer, SUFFIX)(const float *rows, int64_t count, int64_t
     return 0;
 }
 
-/* Offers lanes [begin, end) of `x` to the kept keys; 1 on a NaN. */
-INLINE int take_lanes(const float *x, int64_t begin, int64_t end, int64_t *keys, float *kept,
-                      int64_t k, float *floor_value) {
+/* Offers the values x[i] - shift of lanes [begin, end) to the kept keys; 1 on a NaN. */
+INLINE int take_lanes(const float *x, float shift, int64_t begin, int64_t end, int64_t *keys,
+                      float *kept, int64_t k, float *floor_value) {
     for (int64_t i = begin; i < end; i++) {
-        if (x[i] != x[i]) return 1;
-        if (x[i] > *floor_value) {
-            insert_key(keys, kept, k, order_key(x[i], i), x[i]);
+        float value = x[i] - shift;
+        if (value != value) return 1;
+        if (value > *floor_value) {
+            insert_key(keys, kept, k, order_key(value, i), value);
             *floor_value = kept[k - 1];
         }
     }
     return 0;
 }
 
-/* keys.top_sort_keys: the k (<= MAX_TOP, <= width) largest sort keys of each row, descending.
+/* keys.top_sort_keys of the values rows - shifts[row] (FP32 subtractions; no shifts: the rows
+ * themselves): the k (<= MAX_TOP, <= width) largest sort keys of each row, descending.
  *
  * Lanes are offered in ID order, so a lane whose value only equals the k-th kept value has a
  * larger ID and so a smaller key: only strictly greater values can enter. Blocks of BLOCK
  * lanes are screened with one test; only a block that may hold a NaN or an entrant is read
- * again lane by lane.
+ * again lane by lane. Subtracting +0.0 changes no value, -0.0 included.
  */
 static int CAT(top_keys, SUFFIX)(const float *rows, int64_t count, int64_t width,
-                                 int64_t stride, int64_t k, int64_t *keys_out) {
+                                 int64_t stride, const float *shifts, int64_t k,
+                                 int64_t *keys_out) {
     for (int64_t row = 0; row < count; row++) {
         const float *x = rows + row * stride;
+        float shift = shifts ? shifts[row] : 0.0f;
         int64_t keys[MAX_TOP];
         float kept[MAX_TOP];
         for (int64_t i = 0; i < k; i++) {
-            if (x[i] != x[i]) return 1;
+            float value = x[i] - shift;
+            if (value != value) return 1;
             keys[i] = INT64_MIN;
-            insert_key(keys, kept, i + 1, order_key(x[i], i), x[i]);
+            insert_key(keys, kept, i + 1, order_key(value, i), value);
         }
         float floor_value = kept[k - 1];
+        vf shift_lanes = splat(shift);
         int64_t lane = k;
         for (; lane + BLOCK <= width; lane += BLOCK) {
             vi hits = {0};
             for (int64_t i = lane; i < lane + BLOCK; i += WIDTH)
-                hits |= ~(load(x + i) <= floor_value); /* greater, or NaN */
-            if (any(hits) && take_lanes(x, lane, lane + BLOCK, keys, kept, k, &floor_value))
+                hits |= ~(load(x + i) - shift_lanes <= floor_value); /* greater, or NaN */
+            if (any(hits) &&
+                take_lanes(x, shift, lane, lane + BLOCK, keys, kept, k, &floor_value))
                 return 1;
         }
-        if (take_lanes(x, lane, width, keys, kept, k, &floor_value)) return 1;
+        if (take_lanes(x, shift, lane, width, keys, kept, k, &floor_value)) return 1;
         memcpy(keys_out + row * k, keys, k * sizeof *keys);
     }
     return 0;
