@@ -67,10 +67,10 @@ class ReferenceLogprobReducer:
         """The requesting rows' FP32 logits over the real vocabulary and their lse: a reported
         value is `logit - lse`, one FP32 subtraction, made only where it is read.
 
-        PERF: on the CPU the [rows, V] values were two fresh copies a step (the rows' selection
-        and the subtraction), 1.5 MB each at 8 rows of 49,152, and their page faults cost more
-        than the reduction (docs/performance.md). When every row requests, the logits are read
-        where they lie, and the compiled top keys subtract as they read."""
+        PERF: on the CPU the rows were two fresh copies a step (the caller's selection and this
+        one's), 1.5 MB each at 8 rows of 49,152, and their page faults cost more than the
+        reduction (docs/performance.md). When every row requests, the logits are read where
+        they lie, and the compiled top keys subtract as they read."""
         real = logits[:, : self.vocab_size]
         if rows.numel() != real.shape[0]:
             real = real.index_select(0, rows)
