@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import AsyncIterator, Sequence
 
 import falcon.asgi
@@ -92,7 +93,9 @@ def _stream(
             header, index, content, delta.finish_reason, delta.stop_reason, usage, logprobs
         )
 
-    return stream_chunks(header, job, group, build, chat=True, opening=_opening(header, job))
+    return stream_chunks(
+        header, job, group, build, chat=True, opening=functools.partial(_opening, header, job.n)
+    )
 
 
 def _parsed_choice(
@@ -145,11 +148,13 @@ def _parsed_stream(
             header, index, parsed_delta(parsed), finish, parsed.stop_reason, usage, logprobs
         )
 
-    return stream_chunks(header, job, group, build, chat=True, opening=_opening(header, job))
+    return stream_chunks(
+        header, job, group, build, chat=True, opening=functools.partial(_opening, header, job.n)
+    )
 
 
-def _opening(header: ResponseHeader, job: ApiRequest) -> list[dict]:
-    """Each choice's first chunk: the assistant role with empty content, as vLLM sends it."""
-    return [
-        chat_chunk(header, index, {"role": "assistant", "content": ""}) for index in range(job.n)
-    ]
+def _opening(header: ResponseHeader, n: int, usage: Usage | None) -> list[dict]:
+    """Each choice's first chunk: the assistant role with empty content, as vLLM sends it,
+    with the usage so far under continuous usage stats."""
+    role = {"role": "assistant", "content": ""}
+    return [chat_chunk(header, index, role, usage=usage) for index in range(n)]

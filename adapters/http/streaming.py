@@ -26,21 +26,25 @@ async def stream_chunks(
     build: ChunkBuilder,
     *,
     chat: bool,
-    opening: Iterable[dict] = (),
+    opening: Callable[[Usage | None], Iterable[dict]] = lambda usage: (),
     prefix: Callable[[int], str] = lambda index: "",
     on_scores: Callable[[int, PromptScores], None] = lambda prompt, scores: None,
 ) -> AsyncIterator[SSEvent]:
     """Deltas with nothing to say are skipped; `prefix(i)` starts choice i's first chunk.
+
+    `opening(usage)` gives the frames sent before any delta (chat's role chunks); `usage` is
+    the usage so far (no completion tokens yet) under continuous usage stats, else None, since
+    there every chunk carries it.
 
     Prompt scores go to `on_scores(prompt index, scores)`; they all arrive before any choice
     of their prompt outputs anything.
 
     A failure after the stream started arrives as an error frame, then `[DONE]`.
     """
-    for frame in opening:
+    prompt_tokens = sum(len(prompt.token_ids) for prompt in job.prompts)
+    for frame in opening(Usage(prompt_tokens, 0) if job.continuous_usage else None):
         yield json_event(frame)
     started: set[int] = set()
-    prompt_tokens = sum(len(prompt.token_ids) for prompt in job.prompts)
     completion_tokens = cached_tokens = 0
     try:
         async for event in events(group, job.n):

@@ -87,3 +87,24 @@ def test_chat_stream_starts_with_the_role_and_concatenates_to_the_whole_answer(c
         contents[choice["index"]] += choice["delta"].get("content", "")
     assert [contents[0], contents[1]] == [c["message"]["content"] for c in whole["choices"]]
     assert usage["choices"] == [] and usage["usage"] == whole["usage"]
+
+
+def test_with_continuous_usage_stats_every_chunk_carries_the_usage_the_role_chunks_included(app):
+    request = {"messages": MESSAGES, "max_tokens": 3, "n": 2, **GREEDY, "stream": True}
+    _, text = stream_post(
+        app,
+        "/v1/chat/completions",
+        json={**request, "stream_options": {"continuous_usage_stats": True}},
+    )
+
+    chunks = json_frames(text)
+    prompt_tokens = chunks[-1]["usage"]["prompt_tokens"]
+    assert [c["choices"][0]["delta"].get("role") for c in chunks[:2]] == ["assistant"] * 2
+    opening = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": 0,
+        "total_tokens": prompt_tokens,
+    }
+    assert [c["usage"] for c in chunks[:2]] == [opening] * 2
+    counts = [c["usage"]["completion_tokens"] for c in chunks]
+    assert counts == sorted(counts) and counts[-1] == 6
