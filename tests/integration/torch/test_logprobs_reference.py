@@ -424,3 +424,31 @@ def test_natural_alternatives_are_the_k_largest_keys_in_descending_order(
     assert [bits for token_id, bits in pairs if token_id >= 0] == [every[i] for i in ranked[:top_k]]
     keys = [sort_key(value(bits), token_id) for token_id, bits in pairs if token_id >= 0]
     assert keys == sorted(keys, reverse=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rows_read_where_they_lie_stay_unchanged_and_report_what_a_selection_of_them_does(
+    device,
+) -> None:
+    """When every row requests, the reducer reads the logits in place (padded lanes and all)
+    instead of a selected copy: the words must be the copy's, and the logits untouched."""
+    vocab = 300
+    generator = torch.Generator().manual_seed(5)
+    logits = padded(torch.randn(3, vocab, generator=generator) * 4, 12, 7.0).to(device)
+    before = logits.clone()
+    in_place = Frame(4, 1, full=True, device=device)
+    selected = Frame(4, 1, full=True, device=device)
+    for frame in (in_place, selected):
+        frame.request(0)
+        frame.request(1, [5, 299, 17])
+        frame.request(2)
+    rows = [(0, 0, 3), (1, 0, 4), (2, 0, 5)]
+
+    in_place.reduce(ReferenceLogprobReducer(vocab), logits, rows)
+    # A fourth row whose slot does not request makes the reducer select the other three.
+    extra = torch.cat([logits, torch.randn(1, logits.shape[1], generator=generator).to(device)])
+    selected.reduce(ReferenceLogprobReducer(vocab), extra, [*rows, (3, 0, 1)])
+
+    assert torch.equal(logits.view(torch.int32), before.view(torch.int32))
+    assert torch.equal(in_place.out[:3], selected.out[:3])
+    assert SENTINEL not in in_place.out[:3, 0, :8].flatten().tolist()
